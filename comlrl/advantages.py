@@ -1,0 +1,109 @@
+"""Advantage estimators and credit assignment: pure functions on tensors.
+
+Shapes: ``returns`` is ``(num_groups, G)``: one row per group of G sibling joint actions
+(one prompt, or one node of the multi-turn tree), G = num_generations.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Baseline = Callable[[torch.Tensor], torch.Tensor]
+BASELINES: dict[str, Baseline] = {}
+
+
+def register_baseline(name: str) -> Callable[[Baseline], Baseline]:
+    """Register a baseline ``(num_groups, G) returns -> (num_groups, G) baseline`` under ``name``."""
+
+    def wrap(fn: Baseline) -> Baseline:
+        if name in BASELINES:
+            raise ValueError(f"baseline '{name}' is already registered")
+        BASELINES[name] = fn
+        return fn
+
+    return wrap
+
+
+@register_baseline("none")
+def baseline_none(returns: torch.Tensor) -> torch.Tensor:
+    """MAREINFORCE: b = 0, so A = R."""
+    return torch.zeros_like(returns)
+
+
+@register_baseline("mean")
+def baseline_mean(returns: torch.Tensor) -> torch.Tensor:
+    """MAGRPO: b = mean of the group (Liu et al. 2025, eq. for the group-relative advantage)."""
+    return returns.mean(dim=-1, keepdim=True).expand_as(returns)
+
+
+@register_baseline("loo")
+def baseline_loo(returns: torch.Tensor) -> torch.Tensor:
+    """MARLOO: b_g = mean of the other G-1 returns (Kool et al. 2019, RLOO)."""
+    g = returns.shape[-1]
+    if g < 2:
+        raise ValueError("leave-one-out baseline needs a group of at least 2 returns")
+    return (returns.sum(dim=-1, keepdim=True) - returns) / (g - 1)
+
+
+@register_baseline("max")
+def baseline_max(returns: torch.Tensor) -> torch.Tensor:
+    """MAREMAX: b = max of the group, so every advantage is <= 0 (ReMax-style greedy baseline)."""
+    return returns.max(dim=-1, keepdim=True).values.expand_as(returns)
+
+
+def compute_advantages(
+    returns: torch.Tensor, mode: str = "mean", scale: str = "none", eps: float = 1e-6
+) -> torch.Tensor:
+    """A = (R - b(R)) [/ std], for ``returns`` of shape (num_groups, G).
+
+    ``scale``: 'none' (paper default), 'group' (divide by each group's std), 'batch' (by the std of all returns).
+    """
+    if mode not in BASELINES:
+        raise ValueError(f"unknown advantage mode '{mode}'; valid: {sorted(BASELINES)}")
+    if returns.dim() != 2:
+        raise ValueError(f"returns must have shape (num_groups, G), got {tuple(returns.shape)}")
+    adv = returns - BASELINES[mode](returns)
+    if scale == "group":
+        std = returns.std(dim=-1, keepdim=True, unbiased=False) if returns.shape[-1] > 1 else torch.ones_like(returns[:, :1])
+        adv = adv / (std + eps)
+    elif scale == "batch":
+        std = returns.std(unbiased=False) if returns.numel() > 1 else torch.ones(())
+        adv = adv / (std + eps)
+    elif scale != "none":
+        raise ValueError(f"unknown scale '{scale}'; valid: none, group, batch")
+    return adv
+
+
+def cross_credit(joint_returns: torch.Tensor, agent: int) -> torch.Tensor:
+    """Credit of each of agent ``agent``'s G samples in cross mode: mean return of the joint actions containing it.
+
+    joint_returns: (num_groups, G, G, ..., G) with one G axis per agent (G^N joint actions per group).
+    Returns (num_groups, G).
+    """
+    n_agents = joint_returns.dim() - 1
+    if not 0 <= agent < n_agents:
+        raise ValueError(f"agent {agent} out of range for {n_agents} agents")
+    other = [d + 1 for d in range(n_agents) if d != agent]
+    return joint_returns.mean(dim=other) if other else joint_returns
+
+
+def tree_returns(
+    rewards: list[torch.Tensor], children: list[torch.Tensor], discount: float
+) -> list[torch.Tensor]:
+    """Returns over a multi-turn rollout tree: R = r + discount * mean(R of the child node's joint actions).
+
+    rewards[t]: (M_t, G) rewards of the G joint actions at each of the M_t nodes of turn t.
+    children[t]: (M_t, G) long, index of the child node at turn t+1, or -1 where the branch ended.
+    """
+    if len(rewards) != len(children):
+        raise ValueError("rewards and children need one entry per turn")
+    returns: list[torch.Tensor] = [r.clone() for r in rewards]
+    for t in range(len(rewards) - 2, -1, -1):
+        child = children[t]
+        has_child = child >= 0
+        if has_child.any():
+            child_value = returns[t + 1].mean(dim=-1)  # (M_{t+1},)
+            returns[t][has_child] += discount * child_value[child[has_child]]
+    return returns

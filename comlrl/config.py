@@ -1,0 +1,222 @@
+"""Trainer configs: typed dataclasses with one help string per field, TRL-style names and validation.
+
+Every field's help lives in ``field(metadata={"help": ...})`` only; the CLI and docs read it from there.
+Unknown fields fail at construction with the nearest valid name suggested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+JOINT_MODES = {"align": "align", "aligned": "align", "cross": "cross"}
+ADVANTAGE_MODES = ("none", "mean", "loo", "max")
+SCALE_MODES = ("none", "group", "batch")
+LOSS_TYPES = ("token_mean", "seq_mean_token_mean", "seq_sum")
+SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+
+
+def _help(default: Any, text: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": text, **kw})
+    return field(default=default, metadata={"help": text, **kw})
+
+
+def suggest(name: str, valid: list[str]) -> str:
+    """' Did you mean X?' for the closest valid name, or ''."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def config_class(cls: type) -> type:
+    """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion."""
+    cls = dataclass(cls)
+    init = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls)]
+
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, names)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked_init
+    return cls
+
+
+@config_class
+class TrainConfig:
+    """Settings shared by every comlrl trainer.
+
+    Groups: run (output_dir, seed, steps), optimisation (learning_rate ... max_grad_norm),
+    generation (num_generations ... top_k), multi-turn (num_turns, discount, ...), evaluation, logging.
+    """
+
+    # --- run ---
+    output_dir: str = _help("output", "Directory for checkpoints, metrics and final models.")
+    seed: int = _help(42, "Seed for python, numpy and torch; two runs with the same seed are identical on CPU.")
+    num_train_epochs: float = _help(1.0, "Passes over the training dataset (ignored when max_steps > 0).")
+    max_steps: int = _help(-1, "Total rollout steps; > 0 overrides num_train_epochs.")
+    per_device_train_batch_size: int = _help(1, "Dataset rows (prompts) per rollout step.")
+    shuffle: bool = _help(True, "Shuffle the training rows each epoch (seeded).")
+    device: str = _help("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    # --- optimisation ---
+    learning_rate: float = _help(1e-5, "AdamW learning rate for every agent.")
+    agent_learning_rate: float | None = _help(None, "comlrl name for learning_rate; must agree if both are set.")
+    weight_decay: float = _help(0.0, "AdamW weight decay.")
+    adam_beta1: float = _help(0.9, "AdamW beta1.")
+    adam_beta2: float = _help(0.999, "AdamW beta2.")
+    adam_epsilon: float = _help(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = _help(1.0, "Clip each agent's gradient norm to this value (0 disables).")
+    lr_scheduler_type: str = _help("constant", f"One of {SCHEDULERS}.")
+    warmup_steps: int = _help(0, "Linear warmup optimizer steps (overrides warmup_ratio when > 0).")
+    warmup_ratio: float = _help(0.0, "Fraction of optimizer steps used for linear warmup.")
+    gradient_accumulation_steps: int = _help(1, "Rollout steps whose losses are accumulated before one optimizer step.")
+    forward_batch_size: int | None = _help(None, "Sequences per forward/backward chunk (bounds memory); None = all at once.")
+    bf16: bool = _help(False, "Run forward passes and generation under bfloat16 autocast (weights and optimizer stay fp32).")
+    gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
+    # --- generation ---
+    num_generations: int = _help(4, "Samples per agent per prompt (G); the group for the baseline.")
+    max_new_tokens: int = _help(128, "Maximum tokens generated per completion.")
+    max_completion_length: int | None = _help(None, "TRL name for max_new_tokens; must agree if both are set.")
+    max_prompt_length: int | None = _help(None, "Truncate prompts to their last N tokens (None = no truncation).")
+    temperature: float = _help(1.0, "Sampling temperature during training rollouts.")
+    top_p: float = _help(1.0, "Nucleus sampling threshold.")
+    top_k: int = _help(0, "Top-k sampling (0 disables).")
+    apply_chat_template: bool | list = _help(
+        False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
+    )
+    # --- multi-turn ---
+    num_turns: int = _help(1, "Turns per episode; > 1 needs an external_transition.")
+    discount: float = _help(0.9, "Discount of child returns in the multi-turn rollout tree.")
+    termination_threshold: float | None = _help(
+        None, "Stop expanding a branch whose reward reaches this value (None = never; off by default)."
+    )
+    # --- evaluation and logging ---
+    eval_steps: int = _help(0, "Evaluate every N steps (0 = only when evaluate() is called).")
+    eval_do_sample: bool = _help(False, "Sample during evaluation (False = greedy).")
+    eval_temperature: float = _help(1.0, "Temperature when eval_do_sample is True.")
+    eval_num_generations: int = _help(1, "Samples per agent per prompt in evaluation.")
+    eval_max_rows: int | None = _help(None, "Evaluate on at most this many rows of eval_dataset.")
+    logging_steps: int = _help(1, "Write metrics every N steps.")
+    save_steps: int = _help(0, "Checkpoint every N steps (0 = no intermediate checkpoints).")
+    save_total_limit: int | None = _help(2, "Keep at most this many checkpoints (None = all).")
+    report_to: list = _help([], "Extra metric sinks: 'tensorboard', 'wandb' (used only when installed).")
+    disable_tqdm: bool = _help(False, "Hide progress bars.")
+
+    def __post_init__(self) -> None:
+        self._merge_alias("max_completion_length", "max_new_tokens", default=128)
+        self._merge_alias("agent_learning_rate", "learning_rate", default=1e-5)
+        checks = [
+            (self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1"),
+            (self.num_generations >= 1, "num_generations", "must be >= 1"),
+            (self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+            (self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1"),
+            (self.num_turns >= 1, "num_turns", "must be >= 1"),
+            (0.0 <= self.discount <= 1.0, "discount", "must be in [0, 1]"),
+            (self.temperature > 0, "temperature", "must be > 0"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
+            (self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {SCHEDULERS}"),
+            (self.forward_batch_size is None or self.forward_batch_size >= 1, "forward_batch_size", "must be >= 1"),
+            (self.max_steps > 0 or self.num_train_epochs > 0, "max_steps", "set max_steps > 0 or num_train_epochs > 0"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ConfigError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: {why}.")
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+
+    def _merge_alias(self, alias: str, name: str, default: Any) -> None:
+        a, v = getattr(self, alias), getattr(self, name)
+        if a is None:
+            return
+        if v != default and v != a:
+            raise ConfigError(
+                f"{type(self).__name__}: {alias}={a!r} contradicts {name}={v!r}; set only one of them."
+            )
+        setattr(self, name, a)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields (for saving with checkpoints and logs)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """Build from a mapping; unknown keys fail with a suggestion."""
+        return cls(**values)
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        """Field name -> help text."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+@config_class
+class MAGRPOConfig(TrainConfig):
+    """Config of the critic-free multi-agent REINFORCE family (MAGRPO and its baselines).
+
+    The four trainers differ only in ``advantage_mode``: none (MAREINFORCE), mean (MAGRPO),
+    loo (MARLOO), max (MAREMAX). Defaults follow Liu et al. 2025 (arXiv 2508.04652):
+    no std scaling, so the four baselines give different updates.
+    """
+
+    num_agents: int | None = _help(None, "Optional check: must equal the trainer's number of agents when set.")
+    joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample.")
+    advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
+    scale_rewards: str = _help("none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}.")
+    reward_clip: float | None = _help(None, "Clip team rewards to [-c, c] before advantages (None = off).")
+    loss_type: str = _help(
+        "token_mean",
+        "token_mean: mean over all completion tokens of the batch; seq_mean_token_mean: GRPO's "
+        "per-sequence mean then mean; seq_sum: sum over each sequence's tokens, mean over sequences.",
+    )
+    epsilon: float = _help(0.2, "PPO ratio clip range; only active when num_iterations > 1.")
+    num_iterations: int = _help(1, "Optimizer passes per rollout batch (PPO-style reuse with ratio clipping).")
+    beta: float = _help(0.0, "KL penalty coefficient to a frozen reference copy of each agent (0 = no reference).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.joint_mode not in JOINT_MODES:
+            raise ConfigError(
+                f"MAGRPOConfig.joint_mode={self.joint_mode!r}: must be one of {sorted(JOINT_MODES)}."
+                + suggest(str(self.joint_mode), sorted(JOINT_MODES))
+            )
+        self.joint_mode = JOINT_MODES[self.joint_mode]
+        for name, valid in (("advantage_mode", ADVANTAGE_MODES), ("scale_rewards", SCALE_MODES), ("loss_type", LOSS_TYPES)):
+            value = getattr(self, name)
+            if value not in valid:
+                raise ConfigError(f"MAGRPOConfig.{name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}")
+        if self.num_iterations < 1:
+            raise ConfigError(f"MAGRPOConfig.num_iterations={self.num_iterations}: must be >= 1.")
+        if self.epsilon <= 0:
+            raise ConfigError(f"MAGRPOConfig.epsilon={self.epsilon}: must be > 0.")
+        if self.beta < 0:
+            raise ConfigError(f"MAGRPOConfig.beta={self.beta}: must be >= 0.")
+        if self.advantage_mode in ("mean", "loo", "max") and self.num_generations < 2:
+            raise ConfigError(
+                f"MAGRPOConfig.num_generations={self.num_generations}: the '{self.advantage_mode}' baseline needs a "
+                "group of at least 2 samples; raise num_generations or use advantage_mode='none'."
+            )
+        if self.joint_mode == "cross" and self.num_turns > 1:
+            raise ConfigError(
+                "MAGRPOConfig: joint_mode='cross' with num_turns > 1 would expand G^N children per node; "
+                "use joint_mode='align' for multi-turn training."
+            )
+
+
+def _variant(name: str, mode: str, doc: str) -> type:
+    cls = type(name, (MAGRPOConfig,), {"__doc__": doc, "__annotations__": {"advantage_mode": str}, "advantage_mode": _help(mode, MAGRPOConfig.field_help()["advantage_mode"])})
+    cls.__module__ = __name__
+    return config_class(cls)
+
+
+MAREINFORCEConfig = _variant("MAREINFORCEConfig", "none", "MAGRPOConfig with no baseline (A = R).")
+MARLOOConfig = _variant("MARLOOConfig", "loo", "MAGRPOConfig with the leave-one-out baseline (RLOO).")
+MAReMaxConfig = _variant("MAReMaxConfig", "max", "MAGRPOConfig with the group-max baseline (ReMax-style).")

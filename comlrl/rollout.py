@@ -1,0 +1,144 @@
+"""Batched generation for one agent: tokenize + left-pad prompts, sample G completions each, mask after EOS.
+
+All prompts of a step x ``num_generations`` go through one ``generate`` call per agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class Samples:
+    """One agent's sampled completions for a batch of prompts (row k = prompt k // G, sample k % G)."""
+
+    prompt_ids: torch.Tensor  # (B*G, P) left-padded
+    prompt_mask: torch.Tensor  # (B*G, P)
+    completion_ids: torch.Tensor  # (B*G, C) right-padded
+    completion_mask: torch.Tensor  # (B*G, C) 1 up to and including the first EOS
+    texts: list[str] = field(default_factory=list)
+    truncated: torch.Tensor | None = None  # (B*G,) bool: hit max_new_tokens without EOS
+
+
+@dataclass
+class GenerationSettings:
+    """Sampling settings for one generate call."""
+
+    max_new_tokens: int = 128
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_length: int | None = None
+
+
+def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
+    """Token ids of a prompt: the raw text (with the tokenizer's usual special tokens) or a chat user turn."""
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"apply_chat_template=True but tokenizer {type(tokenizer).__name__} has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of shape (len(seqs), max_len), padded on the left."""
+    width = max(max((len(s) for s in seqs), default=0), 1)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every token id that ends a completion (tokenizer EOS plus the model's generation-config EOS ids)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
+    return sorted(ids)
+
+
+def completion_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of generated tokens up to and including the first stop token, and whether each row was truncated.
+
+    Padding after EOS is excluded even when pad == EOS: the mask comes from the *first* stop token.
+    """
+    is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device))
+    c = completion_ids.shape[1]
+    any_stop = is_stop.any(dim=1)
+    first = torch.where(any_stop, is_stop.float().argmax(dim=1), torch.full_like(any_stop, c, dtype=torch.long))
+    positions = torch.arange(c, device=completion_ids.device).unsqueeze(0)
+    mask = (positions <= first.unsqueeze(1)).long()
+    return mask, ~any_stop
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    num_generations: int,
+    settings: GenerationSettings,
+    chat: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+) -> Samples:
+    """Sample ``num_generations`` completions for every prompt in one batched ``generate`` call."""
+    device = next(model.parameters()).device
+    encoded = [format_prompt(tokenizer, p, chat) for p in prompts]
+    if settings.max_prompt_length:
+        encoded = [e[-settings.max_prompt_length:] for e in encoded]
+    encoded = [e for e in encoded for _ in range(num_generations)]  # (B*G) rows, sample-major within a prompt
+    pad_id = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = left_pad(encoded, pad_id)
+    stop = eos_ids(model, tokenizer)
+    kwargs = dict(max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id, eos_token_id=stop, use_cache=True)
+    if settings.do_sample:
+        kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or None)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    was_training = model.training
+    model.eval()
+    with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), **kwargs)
+    model.train(was_training)
+    completion_ids = out[:, prompt_ids.shape[1]:].cpu()
+    if completion_ids.shape[1] == 0:
+        completion_ids = torch.full((len(encoded), 1), stop[0] if stop else pad_id, dtype=torch.long)
+    mask, truncated = completion_mask(completion_ids, stop)
+    completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
+    texts = tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask), skip_special_tokens=True)
+    return Samples(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
+
+
+def completion_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> torch.Tensor:
+    """log p(completion token | prefix) for every completion position: (B, C). Positions are taken from the mask.
+
+    Only the last C+1 positions' logits are computed (``logits_to_keep``), never the prompt's.
+    """
+    from .losses import token_logprobs
+
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
+    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    c = completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False).logits
+    return token_logprobs(logits[:, :-1, :], completion_ids)  # (B, C)

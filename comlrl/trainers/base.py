@@ -1,0 +1,367 @@
+"""The one training loop of comlrl. A step reads: rollout -> rewards -> advantages -> loss -> optimizer step.
+
+MAGRPO, MAREINFORCE, MARLOO and MAREMAX are this loop with a different baseline (``advantage_mode``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import MAGRPOConfig
+from ..errors import ConfigError
+from ..losses import loss_weights, policy_loss
+from ..models import check_vocab, copy_model
+from ..rollout import GenerationSettings, completion_logprobs
+from .episode import Episode, episode_advantages, root_nodes, run_episode
+from .setup import (Agent, apply_formatter, build_formatters, build_models, build_optimizer, build_tokenizers,
+                    chat_flags, resolve_device, set_seed, team_sources)
+
+log = logging.getLogger(__name__)
+
+
+class MultiAgentTrainer:
+    """Trains a team of causal LMs on a shared team reward with a critic-free multi-agent policy gradient.
+
+    Args:
+        model / agent_model: one model (hub id, local path, .gguf, 'embedded', or loaded) copied into every agent.
+        agents: one model source per agent (heterogeneous teams); excludes ``model``.
+        num_agents: team size when ``model`` is given (default 2, or len(formatters)).
+        tokenizer: one tokenizer for all agents or one per agent (default: loaded with each model).
+        train_dataset / eval_dataset: a ``datasets.Dataset`` or a list of dict rows.
+        reward_func: ``(*agent_completions, **extras) -> list[float]``, see :mod:`comlrl.rewards`.
+        reward_processor: float -> float applied to each team reward.
+        formatters: one callable per agent (or one shared), dataset row -> prompt str.
+        args: the trainer's config dataclass.
+        external_transition: next prompts per agent for multi-turn training (see :mod:`.episode`).
+        eval_reward_func: reward for evaluate() (default: reward_func).
+    """
+
+    config_class = MAGRPOConfig
+    fixed_advantage_mode: str | None = None
+
+    def __init__(
+        self, model: Any = None, num_agents: int | None = None, tokenizer: Any = None, train_dataset: Any = None,
+        reward_func: Callable | None = None, formatters: Any = None, args: MAGRPOConfig | None = None, *,
+        agent_model: Any = None, agents: Sequence | None = None, eval_dataset: Any = None,
+        reward_processor: Callable | None = None, external_transition: Callable | None = None,
+        eval_reward_func: Callable | None = None, peft_config: Any = None,
+    ) -> None:
+        self.args = args if args is not None else self.config_class()
+        self._check_args()
+        if model is not None and agent_model is not None and model is not agent_model:
+            raise ConfigError("model= and agent_model= are the same argument; pass only one.")
+        model = model if model is not None else agent_model
+        if num_agents is None and self.args.num_agents is not None:
+            num_agents = self.args.num_agents
+        elif num_agents is not None and self.args.num_agents not in (None, num_agents):
+            raise ConfigError(f"num_agents={num_agents} disagrees with args.num_agents={self.args.num_agents}.")
+        if reward_func is None or not callable(reward_func):
+            raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
+        if self.args.num_turns > 1 and external_transition is None:
+            raise ConfigError(f"num_turns={self.args.num_turns} needs external_transition= to build later turns' prompts.")
+        set_seed(self.args.seed)
+        sources = team_sources(model, agents, num_agents, formatters)
+        self.num_agents = len(sources)
+        self.device = resolve_device(self.args.device)
+        self.reward_func, self.reward_processor = reward_func, reward_processor
+        self.eval_reward_func = eval_reward_func or reward_func
+        self.external_transition = external_transition
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        models = build_models(sources)
+        tokenizers = build_tokenizers(tokenizer, sources)
+        fmts = build_formatters(formatters, self.num_agents)
+        chats = chat_flags(self.args.apply_chat_template, self.num_agents)
+        self.agents = []
+        for i, (m, tok, fmt, chat) in enumerate(zip(models, tokenizers, fmts, chats)):
+            check_vocab(m, tok, i)
+            if peft_config is not None:
+                m = self._wrap_peft(m, peft_config)
+            if self.args.gradient_checkpointing:
+                m.gradient_checkpointing_enable()
+                m.config.use_cache = False
+            m.to(self.device)
+            self.agents.append(Agent(i, m, tok, fmt, chat))
+        self._check_dataset(train_dataset, "train_dataset")
+        self.total_steps = self._total_steps()
+        updates = math.ceil(self.total_steps / self.args.gradient_accumulation_steps) * self.args.num_iterations
+        for a in self.agents:
+            a.optimizer, a.scheduler = build_optimizer(a.model, self.args, self.args.learning_rate, updates)
+            if self.args.beta > 0:
+                a.ref_model = copy_model(a.model).eval().requires_grad_(False)
+        self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+        self.history: list[dict] = []
+        self._buffer: list[tuple[Episode, list[list[torch.Tensor]]]] = []
+
+    # ------------------------------------------------------------------ setup helpers
+    def _check_args(self) -> None:
+        if not isinstance(self.args, MAGRPOConfig):
+            raise ConfigError(f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}.")
+        fixed = self.fixed_advantage_mode
+        if fixed is not None and self.args.advantage_mode != fixed:
+            raise ConfigError(
+                f"{type(self).__name__} uses advantage_mode='{fixed}' but args.advantage_mode='{self.args.advantage_mode}'; "
+                f"pass {self.config_class.__name__}(...) or use MAGRPOTrainer with advantage_mode set."
+            )
+
+    @staticmethod
+    def _wrap_peft(model: Any, peft_config: Any) -> Any:
+        from peft import get_peft_model
+
+        return get_peft_model(model, peft_config)
+
+    def _check_dataset(self, dataset: Any, name: str) -> None:
+        if dataset is None:
+            return
+        if len(dataset) == 0:
+            raise ConfigError(f"{name} is empty.")
+        row = dataset[0]
+        for a in self.agents:
+            apply_formatter(a.formatter, row, a.index, 0, getattr(dataset, "column_names", None))
+
+    def _total_steps(self) -> int:
+        if self.args.max_steps > 0:
+            return self.args.max_steps
+        if self.train_dataset is None:
+            return 0
+        per_epoch = math.ceil(len(self.train_dataset) / self.args.per_device_train_batch_size)
+        return int(math.ceil(per_epoch * self.args.num_train_epochs))
+
+    def generation_settings(self, train: bool = True) -> GenerationSettings:
+        a = self.args
+        if train:
+            return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length)
+        return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k, a.max_prompt_length)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.args.bf16 else None
+
+    # ------------------------------------------------------------------ data
+    def _batches(self) -> Iterator[tuple[list[dict], list[int]]]:
+        """Rows of each step, resuming from ``self.state`` (epoch, batch_in_epoch); reshuffled per epoch (seeded)."""
+        n, bs = len(self.train_dataset), self.args.per_device_train_batch_size
+        while True:
+            epoch = self.state["epoch"]
+            if self.args.shuffle:
+                order = torch.randperm(n, generator=torch.Generator().manual_seed(self.args.seed + epoch)).tolist()
+            else:
+                order = list(range(n))
+            starts = list(range(0, n, bs))
+            for b in range(self.state["batch_in_epoch"], len(starts)):
+                ids = order[starts[b]:starts[b] + bs]
+                self.state["batch_in_epoch"] = b + 1
+                yield [self.train_dataset[i] for i in ids], ids
+            self.state["epoch"] += 1
+            self.state["batch_in_epoch"] = 0
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict[str, Any]:
+        """Train for ``max_steps`` (or the epochs given); returns the final metrics and the history."""
+        if self.train_dataset is None:
+            raise ConfigError("train() needs train_dataset=.")
+        if self.state["step"] == 0:
+            set_seed(self.args.seed)
+        batches = self._batches()
+        bar = tqdm(total=self.total_steps, initial=self.state["step"], desc="train", disable=self.args.disable_tqdm)
+        metrics: dict[str, Any] = {}
+        while self.state["step"] < self.total_steps:
+            rows, ids = next(batches)
+            metrics = self.training_step(rows, ids)
+            self.state["step"] += 1
+            metrics["step"] = self.state["step"]
+            self.history.append(metrics)
+            self.on_step_end(metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+        bar.close()
+        return {"metrics": metrics, "history": self.history}
+
+    def on_step_end(self, metrics: dict[str, Any]) -> None:
+        """Hook after each step: log metrics (checkpointing and evaluation plug in here)."""
+        if self.args.logging_steps and metrics["step"] % self.args.logging_steps == 0:
+            out = Path(self.args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(metrics) + "\n")
+        if self.args.eval_steps and self.eval_dataset is not None and metrics["step"] % self.args.eval_steps == 0:
+            metrics.update(self.evaluate())
+
+    def training_step(self, rows: list[dict], row_ids: list[int]) -> dict[str, Any]:
+        """Roll out one batch, compute advantages, and update the agents every gradient_accumulation_steps."""
+        a = self.args
+        episode = self.rollout(rows, row_ids, self.generation_settings(train=True), a.num_generations, self.reward_func)
+        adv = episode_advantages(episode, self.num_agents, a.num_generations, joint_mode=a.joint_mode,
+                                 mode=a.advantage_mode, scale=a.scale_rewards, discount=a.discount,
+                                 reward_clip=a.reward_clip)
+        self._buffer.append((episode, adv))
+        metrics = self.episode_metrics(episode)
+        if len(self._buffer) == a.gradient_accumulation_steps:
+            start = time.perf_counter()
+            metrics.update(self.optimize(self._buffer))
+            metrics["time/update"] = time.perf_counter() - start
+            self._buffer = []
+        return metrics
+
+    def rollout(self, rows: list[dict], row_ids: list[int], settings: GenerationSettings, num_generations: int,
+                reward_func: Callable, dataset: Any = None) -> Episode:
+        """Sample the team's answers for ``rows`` and score them (no gradients)."""
+        columns = getattr(dataset if dataset is not None else self.train_dataset, "column_names", None)
+        nodes = root_nodes(self.agents, rows, row_ids, columns)
+        return run_episode(
+            self.agents, nodes, reward_func=reward_func, num_generations=num_generations, settings=settings,
+            joint_mode=self.args.joint_mode, num_turns=self.args.num_turns, external_transition=self.external_transition,
+            termination_threshold=self.args.termination_threshold, reward_processor=self.reward_processor,
+            autocast_dtype=self.autocast_dtype,
+        )
+
+    # ------------------------------------------------------------------ update
+    def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
+        """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
+        metrics: dict[str, float] = {}
+        for agent in self.agents:
+            batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
+            weights = loss_weights([s.completion_mask for s, _ in batches], self.args.loss_type)
+            cache: dict[tuple[int, int], torch.Tensor] = {}
+            for it in range(self.args.num_iterations):
+                sums = self._accumulate_agent(agent, batches, weights, cache, it)
+                norm = self._optimizer_step(agent)
+                if it == 0:
+                    first = dict(sums, grad_norm=norm)
+            pre = f"agent/{agent.index}/"
+            metrics.update({pre + "policy/" + k: float(v) for k, v in first.items()})
+            metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
+        return metrics
+
+    def _accumulate_agent(self, agent: Agent, batches: list, weights: list[torch.Tensor],
+                          cache: dict, iteration: int) -> dict[str, float]:
+        """Forward/backward over every chunk of an agent's samples; returns weighted metric sums."""
+        agent.model.train()
+        agent.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        chunk = self.args.forward_batch_size
+        for b, ((samples, adv), w) in enumerate(zip(batches, weights)):
+            rows = samples.completion_ids.shape[0]
+            for lo in range(0, rows, chunk or rows):
+                sl = slice(lo, lo + (chunk or rows))
+                tensors = [x[sl].to(self.device) for x in (samples.prompt_ids, samples.prompt_mask,
+                                                           samples.completion_ids, samples.completion_mask)]
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                    logp = completion_logprobs(agent.model, *tensors)
+                key = (b, lo)
+                if iteration == 0:  # parameters are still those that sampled: old log-probs are free
+                    cache[key] = logp.detach()
+                ref = self._ref_logprobs(agent, tensors, cache, key)
+                loss, m = policy_loss(logp, cache[key], adv[sl].to(self.device), w[sl].to(self.device),
+                                      self.args.epsilon, ref, self.args.beta)
+                loss.backward()
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        return sums
+
+    def _ref_logprobs(self, agent: Agent, tensors: list[torch.Tensor], cache: dict, key: tuple) -> torch.Tensor | None:
+        if agent.ref_model is None:
+            return None
+        rkey = ("ref",) + key
+        if rkey not in cache:
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                cache[rkey] = completion_logprobs(agent.ref_model, *tensors)
+        return cache[rkey]
+
+    def _optimizer_step(self, agent: Agent) -> float:
+        params = [p for p in agent.model.parameters() if p.requires_grad]
+        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm))
+        else:
+            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        agent.optimizer.step()
+        agent.scheduler.step()
+        agent.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ------------------------------------------------------------------ metrics
+    def episode_metrics(self, episode: Episode, prefix: str = "") -> dict[str, float]:
+        """Reward statistics per turn and level, completion lengths, and timings of one rollout."""
+        first = episode.turns[0].rewards
+        out = {
+            f"{prefix}reward/mean": float(first.mean()),
+            f"{prefix}reward/std": float(first.std(unbiased=False)),
+            f"{prefix}reward/max": float(first.max()),
+            f"{prefix}reward/frac_zero_std": float((first.std(dim=1, unbiased=False) < 1e-8).float().mean()) if first.shape[1] > 1 else 1.0,
+        }
+        if len(episode.turns) > 1:
+            for t, turn in enumerate(episode.turns):
+                out[f"{prefix}reward/turn_{t + 1}/mean"] = float(turn.rewards.mean())
+        levels = episode.turns[0].levels
+        for key in sorted({k for d in levels for k in d}):
+            vals = [d[key] for d in levels if key in d]
+            out[f"{prefix}reward/{key}"] = sum(vals) / len(vals)
+        tokens = 0
+        for i in range(self.num_agents):
+            masks = [t.samples[i].completion_mask for t in episode.turns]
+            lengths = torch.cat([m.sum(dim=1) for m in masks]).float()
+            tokens += int(lengths.sum())
+            out[f"{prefix}agent/{i}/completion/mean_length"] = float(lengths.mean())
+            trunc = torch.cat([t.samples[i].truncated for t in episode.turns]).float()
+            out[f"{prefix}agent/{i}/completion/clipped_ratio"] = float(trunc.mean())
+        if not prefix:
+            for k, v in episode.timings.items():
+                out[f"time/{k}"] = v
+            out["perf/rollout_tokens_per_s"] = tokens / max(episode.timings.get("generate", 0.0), 1e-9)
+        return out
+
+    # ------------------------------------------------------------------ evaluation and saving
+    @torch.no_grad()
+    def evaluate(self, dataset: Any = None, do_sample: bool | None = None, num_generations: int | None = None,
+                 max_rows: int | None = None, batch_size: int = 8) -> dict[str, float]:
+        """Team reward on ``dataset`` (default eval_dataset): greedy unless eval_do_sample / do_sample says so."""
+        dataset = dataset if dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ConfigError("evaluate() needs eval_dataset= (at construction) or dataset=.")
+        settings = self.generation_settings(train=False)
+        if do_sample is not None:
+            settings.do_sample = do_sample
+        g = num_generations or self.args.eval_num_generations
+        limit = min(len(dataset), max_rows or self.args.eval_max_rows or len(dataset))
+        episodes, samples_out = [], []
+        for lo in tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False):
+            ids = list(range(lo, min(lo + batch_size, limit)))
+            ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset)
+            episodes.append(ep)
+            first = ep.turns[0]
+            for m, node in enumerate(first.nodes):
+                samples_out.append({"row": node.row_id, "prompts": node.prompts, "reward": float(first.rewards[m, 0]),
+                                    "completions": [first.samples[i].texts[m * g] for i in range(self.num_agents)]})
+        self.last_eval_samples = samples_out
+        return self._merge_eval(episodes)
+
+    def _merge_eval(self, episodes: list[Episode]) -> dict[str, float]:
+        per = [self.episode_metrics(ep, prefix="eval/") for ep in episodes]
+        weights = [ep.turns[0].rewards.numel() for ep in episodes]
+        keys = {k for m in per for k in m if not k.endswith("/std") and not k.endswith("/max")}
+        out = {k: sum(m[k] * w for m, w in zip(per, weights) if k in m) / sum(w for m, w in zip(per, weights) if k in m) for k in keys}
+        all_r = torch.cat([ep.turns[0].rewards.reshape(-1) for ep in episodes])
+        out["eval/reward/std"] = float(all_r.std(unbiased=False))
+        last = torch.cat([ep.turns[-1].rewards.reshape(-1) for ep in episodes])
+        out["eval/reward/final_turn_mean"] = float(last.mean())
+        return dict(sorted(out.items()))
+
+    def save_model(self, output_dir: str | None = None) -> list[str]:
+        """Save one ``from_pretrained``-loadable folder per agent (adapter folders under LoRA); training can continue."""
+        root = Path(output_dir or self.args.output_dir)
+        paths = []
+        for a in self.agents:
+            path = root / a.name
+            a.model.save_pretrained(path)
+            a.tokenizer.save_pretrained(path)
+            paths.append(str(path))
+        (root / "comlrl_config.json").write_text(json.dumps({"trainer": type(self).__name__, "num_agents": self.num_agents,
+                                                             "args": self.args.to_dict()}, indent=2, default=str))
+        return paths

@@ -1,0 +1,156 @@
+"""One episode of team play: the multi-turn rollout tree, team rewards, and per-agent advantages.
+
+Turn t has M_t nodes; at each node every agent samples G completions. Joint action g of a node is
+the g-th sample of every agent (align) or, single-turn only, every combination (cross, G^N).
+Each joint action's reward comes from reward_func; through external_transition it gets a child node
+at turn t+1 (unless the episode ends or early termination stops the branch).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..advantages import compute_advantages, cross_credit, tree_returns
+from ..errors import TransitionError
+from ..rewards import accepted_kwargs, compute_rewards
+from ..rollout import GenerationSettings, Samples, generate
+from .setup import Agent, apply_formatter
+
+
+@dataclass
+class Node:
+    """A point in the tree: each agent's current prompt and its history."""
+
+    row: dict
+    row_id: int
+    prompts: list[str]
+    prompt_history: list[list[str]]
+    response_history: list[list[str]]
+
+
+@dataclass
+class Turn:
+    """Everything sampled and scored at one depth of the tree."""
+
+    nodes: list[Node]
+    samples: list[Samples]  # per agent, rows = node * G + g
+    rewards: torch.Tensor  # (M, J), J = G (align) or G^N (cross)
+    children: torch.Tensor  # (M, G) child node index at the next turn, -1 if none
+    levels: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Episode:
+    turns: list[Turn]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def joint_indices(num_agents: int, g: int, mode: str) -> list[tuple[int, ...]]:
+    """Sample index of each agent in each joint action of one node."""
+    if mode == "align":
+        return [(k,) * num_agents for k in range(g)]
+    return list(itertools.product(range(g), repeat=num_agents))
+
+
+def root_nodes(agents: list[Agent], rows: list[dict], row_ids: list[int], columns: Any = None) -> list[Node]:
+    """Initial nodes: each agent's formatted prompt for each row."""
+    nodes = []
+    for row, rid in zip(rows, row_ids):
+        prompts = [apply_formatter(a.formatter, row, a.index, rid, columns) for a in agents]
+        nodes.append(Node(row, rid, prompts, [[p] for p in prompts], [[] for _ in agents]))
+    return nodes
+
+
+def run_episode(
+    agents: list[Agent],
+    nodes: list[Node],
+    *,
+    reward_func: Callable,
+    num_generations: int,
+    settings: GenerationSettings,
+    joint_mode: str = "align",
+    num_turns: int = 1,
+    external_transition: Callable | None = None,
+    termination_threshold: float | None = None,
+    reward_processor: Callable | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> Episode:
+    """Roll out the tree for a batch of root nodes and score every joint action."""
+    n, g = len(agents), num_generations
+    combos = joint_indices(n, g, joint_mode)
+    turns: list[Turn] = []
+    timings = {"generate": 0.0, "reward": 0.0, "transition": 0.0}
+    for t in range(num_turns):
+        start = time.perf_counter()
+        samples = [generate(a.model, a.tokenizer, [nd.prompts[a.index] for nd in nodes], g, settings, a.chat, autocast_dtype)
+                   for a in agents]
+        timings["generate"] += time.perf_counter() - start
+        start = time.perf_counter()
+        completions = [[samples[i].texts[m * g + c[i]] for m in range(len(nodes)) for c in combos] for i in range(n)]
+        prompts = [[nd.prompts[i] for nd in nodes for _ in combos] for i in range(n)]
+        items = [nd.row for nd in nodes for _ in combos]
+        ids = [nd.row_id for nd in nodes for _ in combos]
+        flat, levels = compute_rewards(reward_func, completions, prompts=prompts, batch_items=items, row_ids=ids,
+                                       turn=t + 1, processor=reward_processor)
+        rewards = torch.tensor(flat, dtype=torch.float32).view(len(nodes), len(combos))
+        timings["reward"] += time.perf_counter() - start
+        children = torch.full((len(nodes), g), -1, dtype=torch.long)
+        next_nodes: list[Node] = []
+        if t + 1 < num_turns:
+            start = time.perf_counter()
+            for m, nd in enumerate(nodes):
+                for k in range(g):
+                    if termination_threshold is not None and rewards[m, k] >= termination_threshold:
+                        continue
+                    answers = [samples[i].texts[m * g + k] for i in range(n)]
+                    children[m, k] = len(next_nodes)
+                    next_nodes.append(transition(external_transition, nd, answers, t + 1))
+            timings["transition"] += time.perf_counter() - start
+        turns.append(Turn(nodes, samples, rewards, children, levels))
+        if not next_nodes:
+            break
+        nodes = next_nodes
+    return Episode(turns, timings)
+
+
+def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -> Node:
+    """The child node after a joint action: next prompts from ``external_transition``."""
+    if fn is None:
+        raise TransitionError("num_turns > 1 needs external_transition= to build the next turn's prompts.")
+    n = len(answers)
+    resp_hist = [h + [a] for h, a in zip(node.response_history, answers)]
+    candidates = {
+        "prompt": node.prompts[0], "prompts": list(node.prompts), "agent_completions": list(answers), "num_agents": n,
+        "prompt_history_per_agent": [list(h) for h in node.prompt_history],
+        "response_history_per_agent": [list(h) for h in resp_hist], "batch_item": node.row, "turn": turn,
+    }
+    try:
+        out = fn(**accepted_kwargs(fn, candidates))
+    except Exception as exc:
+        raise TransitionError(f"external_transition raised {type(exc).__name__} at turn {turn}, dataset row {node.row_id}: {exc}") from exc
+    if isinstance(out, str) or not isinstance(out, (list, tuple)) or len(out) != n or not all(isinstance(p, str) for p in out):
+        raise TransitionError(
+            f"external_transition must return {n} prompt strings (one per agent); got {out!r:.200} at turn {turn}, "
+            f"dataset row {node.row_id}."
+        )
+    return Node(node.row, node.row_id, list(out), [h + [p] for h, p in zip(node.prompt_history, out)], resp_hist)
+
+
+def episode_advantages(
+    episode: Episode, num_agents: int, num_generations: int, *, joint_mode: str = "align", mode: str = "mean",
+    scale: str = "none", discount: float = 1.0, reward_clip: float | None = None,
+) -> list[list[torch.Tensor]]:
+    """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples."""
+    rewards = [t.rewards if reward_clip is None else t.rewards.clamp(-reward_clip, reward_clip) for t in episode.turns]
+    if joint_mode == "cross":
+        m = rewards[0].shape[0]
+        joint = rewards[0].view(m, *([num_generations] * num_agents))  # (M, G, ..., G)
+        return [[compute_advantages(cross_credit(joint, i), mode, scale).reshape(-1)] for i in range(num_agents)]
+    returns = tree_returns(rewards, [t.children for t in episode.turns], discount)
+    per_turn = [compute_advantages(r, mode, scale).reshape(-1) for r in returns]
+    return [per_turn for _ in range(num_agents)]

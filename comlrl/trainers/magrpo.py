@@ -1,0 +1,40 @@
+"""MAGRPO and its baseline variants: the one loop of :mod:`.base` with a different ``advantage_mode``.
+
+``from comlrl.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer`` is the quick-start import path.
+"""
+
+from __future__ import annotations
+
+from ..config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from .base import MultiAgentTrainer
+
+
+class MAGRPOTrainer(MultiAgentTrainer):
+    """Multi-agent GRPO (Liu et al. 2025): group-mean baseline by default; ``advantage_mode`` may pick another."""
+
+    config_class = MAGRPOConfig
+
+
+class MAREINFORCETrainer(MultiAgentTrainer):
+    """Multi-agent REINFORCE: no baseline (A = R)."""
+
+    config_class = MAREINFORCEConfig
+    fixed_advantage_mode = "none"
+
+
+class MARLOOTrainer(MultiAgentTrainer):
+    """Multi-agent RLOO: leave-one-out mean baseline."""
+
+    config_class = MARLOOConfig
+    fixed_advantage_mode = "loo"
+
+
+class MAReMaxTrainer(MultiAgentTrainer):
+    """Multi-agent ReMax-style: group-max baseline."""
+
+    config_class = MAReMaxConfig
+    fixed_advantage_mode = "max"
+
+
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig",
+           "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer"]

@@ -1,0 +1,152 @@
+"""Building a team: one model, tokenizer, formatter and optimizer per agent, with input checks."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
+
+from ..errors import ConfigError, FormatterError
+from ..models import check_vocab, copy_model, load_model, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+Formatter = Callable[[dict], str]
+
+
+@dataclass
+class Agent:
+    """One member of the team and everything needed to update it."""
+
+    index: int
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    formatter: Formatter
+    chat: bool = False
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    ref_model: PreTrainedModel | None = None
+
+    @property
+    def name(self) -> str:
+        return f"agent_{self.index}"
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda if available else cpu; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, formatters: Any) -> list:
+    """One model source per agent, checking that every count given agrees."""
+    if model is not None and agents is not None:
+        raise ConfigError("pass either model= (copied into every agent) or agents= (one per agent), not both.")
+    if model is None and agents is None:
+        raise ConfigError("no model: pass model='embedded', a hub id / local path / loaded model, or agents=[...].")
+    counts = {}
+    if agents is not None:
+        counts["agents"] = len(agents)
+    if num_agents is not None:
+        counts["num_agents"] = num_agents
+    if isinstance(formatters, (list, tuple)):
+        counts["formatters"] = len(formatters)
+    if len(set(counts.values())) > 1:
+        raise ConfigError("the number of agents disagrees: " + ", ".join(f"{k}={v}" for k, v in counts.items()) + ".")
+    n = next(iter(counts.values()), 2)
+    if n < 1:
+        raise ConfigError(f"num_agents={n}: a team needs at least one agent.")
+    return list(agents) if agents is not None else [model] * n
+
+
+def build_models(sources: list, dtype: Any = None) -> list[PreTrainedModel]:
+    """Load each agent's model; a source repeated across agents is loaded once and copied."""
+    models: list[PreTrainedModel] = []
+    first_of: dict[int, int] = {}
+    for i, src in enumerate(sources):
+        key = id(src) if isinstance(src, PreTrainedModel) else hash(str(src))
+        if key in first_of:
+            models.append(copy_model(models[first_of[key]]))
+        else:
+            first_of[key] = i
+            models.append(load_model(src, dtype=dtype))
+    return models
+
+
+def build_tokenizers(tokenizer: Any, sources: list) -> list[PreTrainedTokenizerBase]:
+    """One tokenizer per agent: the one given, one per agent given, or loaded from each model source."""
+    n = len(sources)
+    if isinstance(tokenizer, (list, tuple)):
+        if len(tokenizer) != n:
+            raise ConfigError(f"tokenizer= has {len(tokenizer)} entries for {n} agents.")
+        return [load_tokenizer(t) for t in tokenizer]
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+        return [tok] * n
+    return [load_tokenizer(s) for s in sources]
+
+
+def build_formatters(formatters: Any, n: int) -> list[Formatter]:
+    """One formatter per agent; default reads the 'prompt' column."""
+    if formatters is None:
+        return [lambda row: row["prompt"]] * n
+    if callable(formatters):
+        return [formatters] * n
+    fmts = list(formatters)
+    for i, f in enumerate(fmts):
+        if not callable(f):
+            raise FormatterError(f"formatters[{i}] (agent {i}) is {type(f).__name__}, not a callable row -> str.")
+    return fmts
+
+
+def apply_formatter(fmt: Formatter, row: dict, agent: int, row_id: int, columns: Sequence[str] | None = None) -> str:
+    """Run an agent's formatter on a dataset row; errors name the agent, the row and the missing column."""
+    try:
+        text = fmt(row)
+    except KeyError as exc:
+        cols = list(columns) if columns is not None else list(row.keys()) if hasattr(row, "keys") else []
+        raise FormatterError(
+            f"formatter of agent {agent} needs column {exc} which dataset row {row_id} does not have "
+            f"(columns: {cols})."
+        ) from exc
+    except Exception as exc:
+        raise FormatterError(f"formatter of agent {agent} raised {type(exc).__name__} on dataset row {row_id}: {exc}") from exc
+    if not isinstance(text, str):
+        raise FormatterError(f"formatter of agent {agent} returned {type(text).__name__} on dataset row {row_id}; it must return a str.")
+    return text
+
+
+def chat_flags(value: bool | list, n: int) -> list[bool]:
+    """apply_chat_template as one bool per agent."""
+    if isinstance(value, bool):
+        return [value] * n
+    flags = list(value)
+    if len(flags) != n:
+        raise ConfigError(f"apply_chat_template has {len(flags)} entries for {n} agents.")
+    return [bool(f) for f in flags]
+
+
+def build_optimizer(model: PreTrainedModel, args: Any, lr: float, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the trainable parameters, and the LR schedule over ``total_updates`` optimizer steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
+    opt = torch.optim.AdamW(params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                            weight_decay=args.weight_decay)
+    warmup = args.warmup_steps or int(math.ceil(args.warmup_ratio * total_updates))
+    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=warmup, num_training_steps=max(total_updates, 1))
+    return opt, sched
