@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from comlrl.advantages import BASELINES, compute_advantages, cross_credit, register_baseline, tree_returns
+
+R = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
+
+
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        ("none", [1.0, 2.0, 3.0, 6.0]),
+        ("mean", [-2.0, -1.0, 0.0, 3.0]),  # mean 3
+        ("loo", [1 - 11 / 3, 2 - 10 / 3, 3 - 3.0, 6 - 2.0]),  # mean of the other three
+        ("max", [-5.0, -4.0, -3.0, 0.0]),
+    ],
+)
+def test_baselines_hand_computed(mode, expected):
+    torch.testing.assert_close(compute_advantages(R, mode), torch.tensor([expected]))
+
+
+def test_four_baselines_differ_under_defaults():
+    advs = [compute_advantages(R, m) for m in ("none", "mean", "loo", "max")]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not torch.allclose(advs[i], advs[j])
+
+
+def test_group_std_scaling_is_opt_in():
+    a = compute_advantages(R, "mean", scale="group")
+    std = R.std(unbiased=False)
+    torch.testing.assert_close(a, (R - 3.0) / (std + 1e-6))
+    # with std scaling, mean and loo differ only by the factor G/(G-1): scaling does not make them equal
+    b = compute_advantages(R, "loo", scale="group")
+    torch.testing.assert_close(b, a * 4 / 3)
+
+
+def test_batch_scaling_uses_all_returns():
+    r = torch.tensor([[0.0, 2.0], [10.0, 14.0]])
+    std = r.std(unbiased=False)
+    torch.testing.assert_close(compute_advantages(r, "mean", scale="batch"), torch.tensor([[-1.0, 1.0], [-2.0, 2.0]]) / (std + 1e-6))
+
+
+def test_edge_cases():
+    equal = torch.full((2, 3), 5.0)
+    assert torch.all(compute_advantages(equal, "mean") == 0)
+    assert torch.all(compute_advantages(equal, "max") == 0)
+    assert torch.all(compute_advantages(equal, "mean", scale="group") == 0)  # std 0 -> eps, no NaN
+    single = torch.tensor([[4.0]])
+    assert compute_advantages(single, "none").item() == 4.0
+    assert compute_advantages(single, "mean").item() == 0.0
+    with pytest.raises(ValueError, match="at least 2"):
+        compute_advantages(single, "loo")
+    with pytest.raises(ValueError, match="unknown advantage mode"):
+        compute_advantages(R, "median")
+
+
+def test_registry_rejects_duplicates():
+    with pytest.raises(ValueError, match="already registered"):
+        register_baseline("mean")(lambda r: r)
+    assert set(BASELINES) >= {"none", "mean", "loo", "max"}
+
+
+def test_cross_credit_two_agents_hand_worked():
+    # G = 2: joint return R[a, b] for agent 0's sample a and agent 1's sample b
+    joint = torch.tensor([[[1.0, 3.0], [5.0, 7.0]]])  # (1, 2, 2)
+    torch.testing.assert_close(cross_credit(joint, 0), torch.tensor([[2.0, 6.0]]))  # rows: (1+3)/2, (5+7)/2
+    torch.testing.assert_close(cross_credit(joint, 1), torch.tensor([[3.0, 5.0]]))  # cols: (1+5)/2, (3+7)/2
+    torch.testing.assert_close(compute_advantages(cross_credit(joint, 0), "mean"), torch.tensor([[-2.0, 2.0]]))
+    torch.testing.assert_close(compute_advantages(cross_credit(joint, 1), "mean"), torch.tensor([[-1.0, 1.0]]))
+
+
+def test_cross_credit_three_agents():
+    joint = torch.arange(8, dtype=torch.float32).view(1, 2, 2, 2)  # value = 4a + 2b + c
+    torch.testing.assert_close(cross_credit(joint, 0), torch.tensor([[1.5, 5.5]]))
+    torch.testing.assert_close(cross_credit(joint, 2), torch.tensor([[3.0, 4.0]]))
+
+
+def test_tree_returns_hand_worked():
+    r0 = torch.tensor([[1.0, 2.0]])
+    r1 = torch.tensor([[0.0, 2.0], [4.0, 6.0]])  # children of joint actions 0 and 1
+    ret = tree_returns([r0, r1], [torch.tensor([[0, 1]]), torch.full((2, 2), -1)], discount=0.5)
+    torch.testing.assert_close(ret[0], torch.tensor([[1.0 + 0.5 * 1.0, 2.0 + 0.5 * 5.0]]))
+    torch.testing.assert_close(ret[1], r1)
+
+
+def test_tree_returns_terminated_branch_keeps_reward():
+    r0 = torch.tensor([[3.0, 1.0]])
+    r1 = torch.tensor([[10.0, 20.0]])  # only joint action 1 expanded
+    ret = tree_returns([r0, r1], [torch.tensor([[-1, 0]]), torch.full((1, 2), -1)], discount=1.0)
+    torch.testing.assert_close(ret[0], torch.tensor([[3.0, 16.0]]))
