@@ -81,6 +81,9 @@ class TrainConfig:
     forward_batch_size: int | None = _help(None, "Sequences per forward/backward chunk (bounds memory); None = all at once.")
     bf16: bool = _help(False, "Run forward passes and generation under bfloat16 autocast (weights and optimizer stay fp32).")
     gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
+    share_base: bool = _help(
+        True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
+    )
     # --- generation ---
     num_generations: int = _help(4, "Samples per agent per prompt (G); the group for the baseline.")
     max_new_tokens: int = _help(128, "Maximum tokens generated per completion.")

@@ -22,6 +22,11 @@ class Samples:
     texts: list[str] = field(default_factory=list)
     truncated: torch.Tensor | None = None  # (B*G,) bool: hit max_new_tokens without EOS
 
+    def rows(self, lo: int, hi: int) -> "Samples":
+        """Rows lo:hi (e.g. one agent's part of a batch generated for several agents)."""
+        return Samples(self.prompt_ids[lo:hi], self.prompt_mask[lo:hi], self.completion_ids[lo:hi],
+                       self.completion_mask[lo:hi], self.texts[lo:hi], self.truncated[lo:hi])
+
 
 @dataclass
 class GenerationSettings:
@@ -91,12 +96,18 @@ def generate(
     prompts: list[str],
     num_generations: int,
     settings: GenerationSettings,
-    chat: bool = False,
+    chat: bool | list[bool] = False,
     autocast_dtype: torch.dtype | None = None,
+    adapter_names: list[str] | None = None,
 ) -> Samples:
-    """Sample ``num_generations`` completions for every prompt in one batched ``generate`` call."""
+    """Sample ``num_generations`` completions for every prompt in one batched ``generate`` call.
+
+    ``chat`` and ``adapter_names`` may be given per prompt; adapter names route each row through
+    its agent's LoRA adapter when several agents share one base model.
+    """
     device = next(model.parameters()).device
-    encoded = [format_prompt(tokenizer, p, chat) for p in prompts]
+    chats = chat if isinstance(chat, list) else [chat] * len(prompts)
+    encoded = [format_prompt(tokenizer, p, c) for p, c in zip(prompts, chats)]
     if settings.max_prompt_length:
         encoded = [e[-settings.max_prompt_length:] for e in encoded]
     encoded = [e for e in encoded for _ in range(num_generations)]  # (B*G) rows, sample-major within a prompt
@@ -108,6 +119,8 @@ def generate(
         kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or None)
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if adapter_names is not None:
+        kwargs["adapter_names"] = [a for a in adapter_names for _ in range(num_generations)]
     was_training = model.training
     model.eval()
     with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):

@@ -5,6 +5,7 @@ MAGRPO, MAREINFORCE, MARLOO and MAREMAX are this loop with a different baseline 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -20,9 +21,12 @@ from ..errors import ConfigError
 from ..losses import loss_weights, policy_loss
 from ..models import check_vocab, copy_model
 from ..rollout import GenerationSettings, completion_logprobs
+from .. import checkpoint
+from ..tracking import Tracker
 from .episode import Episode, episode_advantages, root_nodes, run_episode
+from ..team import active_adapter, adapter_parameters, build_lora_team, reference_mode
 from .setup import (Agent, apply_formatter, build_formatters, build_models, build_optimizer, build_tokenizers,
-                    chat_flags, resolve_device, set_seed, team_sources)
+                    chat_flags, resolve_device, set_seed, source_groups, team_sources)
 
 log = logging.getLogger(__name__)
 
@@ -75,30 +79,35 @@ class MultiAgentTrainer:
         self.eval_reward_func = eval_reward_func or reward_func
         self.external_transition = external_transition
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        models = build_models(sources)
+        share = peft_config is not None and self.args.share_base
+        models = build_models(sources, share=share)
         tokenizers = build_tokenizers(tokenizer, sources)
         fmts = build_formatters(formatters, self.num_agents)
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
+        groups = source_groups(sources) if share else list(range(self.num_agents))
+        wrapped = build_lora_team(models, groups, peft_config) if peft_config is not None else [(m, None) for m in models]
         self.agents = []
-        for i, (m, tok, fmt, chat) in enumerate(zip(models, tokenizers, fmts, chats)):
+        for i, ((m, adapter), tok, fmt, chat) in enumerate(zip(wrapped, tokenizers, fmts, chats)):
             check_vocab(m, tok, i)
-            if peft_config is not None:
-                m = self._wrap_peft(m, peft_config)
-            if self.args.gradient_checkpointing:
+            if self.args.gradient_checkpointing and not getattr(m, "_comlrl_checkpointing", False):
+                m._comlrl_checkpointing = True
                 m.gradient_checkpointing_enable()
                 m.config.use_cache = False
+                if adapter is not None:
+                    m.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grad inputs
             m.to(self.device)
-            self.agents.append(Agent(i, m, tok, fmt, chat))
+            self.agents.append(Agent(i, m, tok, fmt, chat, adapter=adapter, params=adapter_parameters(m, adapter)))
         self._check_dataset(train_dataset, "train_dataset")
         self.total_steps = self._total_steps()
         updates = math.ceil(self.total_steps / self.args.gradient_accumulation_steps) * self.args.num_iterations
         for a in self.agents:
-            a.optimizer, a.scheduler = build_optimizer(a.model, self.args, self.args.learning_rate, updates)
-            if self.args.beta > 0:
+            a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
+            if self.args.beta > 0 and a.adapter is None:
                 a.ref_model = copy_model(a.model).eval().requires_grad_(False)
         self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         self.history: list[dict] = []
         self._buffer: list[tuple[Episode, list[list[torch.Tensor]]]] = []
+        self.tracker: Tracker | None = None  # metrics.jsonl + report_to sinks, opened on first log
 
     # ------------------------------------------------------------------ setup helpers
     def _check_args(self) -> None:
@@ -110,12 +119,6 @@ class MultiAgentTrainer:
                 f"{type(self).__name__} uses advantage_mode='{fixed}' but args.advantage_mode='{self.args.advantage_mode}'; "
                 f"pass {self.config_class.__name__}(...) or use MAGRPOTrainer with advantage_mode set."
             )
-
-    @staticmethod
-    def _wrap_peft(model: Any, peft_config: Any) -> Any:
-        from peft import get_peft_model
-
-        return get_peft_model(model, peft_config)
 
     def _check_dataset(self, dataset: Any, name: str) -> None:
         if dataset is None:
@@ -163,10 +166,15 @@ class MultiAgentTrainer:
             self.state["batch_in_epoch"] = 0
 
     # ------------------------------------------------------------------ the loop
-    def train(self) -> dict[str, Any]:
-        """Train for ``max_steps`` (or the epochs given); returns the final metrics and the history."""
+    def train(self, resume_from_checkpoint: str | None = None) -> dict[str, Any]:
+        """Train for ``max_steps`` (or the epochs given); returns the final metrics and the history.
+
+        ``resume_from_checkpoint``: a ``checkpoint-<step>`` directory to continue from (see :mod:`comlrl.checkpoint`).
+        """
         if self.train_dataset is None:
             raise ConfigError("train() needs train_dataset=.")
+        if resume_from_checkpoint is not None:
+            self.load_checkpoint(resume_from_checkpoint)
         if self.state["step"] == 0:
             set_seed(self.args.seed)
         batches = self._batches()
@@ -185,14 +193,29 @@ class MultiAgentTrainer:
         return {"metrics": metrics, "history": self.history}
 
     def on_step_end(self, metrics: dict[str, Any]) -> None:
-        """Hook after each step: log metrics (checkpointing and evaluation plug in here)."""
-        if self.args.logging_steps and metrics["step"] % self.args.logging_steps == 0:
-            out = Path(self.args.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            with open(out / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(metrics) + "\n")
-        if self.args.eval_steps and self.eval_dataset is not None and metrics["step"] % self.args.eval_steps == 0:
+        """Hook after each step: evaluate, log metrics (metrics.jsonl + report_to sinks), checkpoint."""
+        step, a = metrics["step"], self.args
+        if self.tracker is None:
+            self.tracker = Tracker(a.output_dir, a.report_to)
+        if a.eval_steps and self.eval_dataset is not None and step % a.eval_steps == 0:
             metrics.update(self.evaluate())
+            self.tracker.log_samples(self.last_eval_samples, step)
+        if a.logging_steps and step % a.logging_steps == 0:
+            self.tracker.log(metrics, step)
+        if a.save_steps and step % a.save_steps == 0:
+            if self._buffer:  # mid-accumulation: the buffered rollouts are not saved, so neither is this step
+                log.warning("step %d: no checkpoint in the middle of gradient accumulation; make save_steps a "
+                            "multiple of gradient_accumulation_steps=%d", step, a.gradient_accumulation_steps)
+            else:
+                self.save_checkpoint()
+
+    def save_checkpoint(self, output_dir: str | None = None) -> Path:
+        """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""
+        return checkpoint.save_checkpoint(self, output_dir)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Continue from a checkpoint written by :meth:`save_checkpoint` (later metric lines are dropped)."""
+        checkpoint.load_checkpoint(self, path)
 
     def training_step(self, rows: list[dict], row_ids: list[int]) -> dict[str, Any]:
         """Roll out one batch, compute advantages, and update the agents every gradient_accumulation_steps."""
@@ -245,6 +268,12 @@ class MultiAgentTrainer:
         """Forward/backward over every chunk of an agent's samples; returns weighted metric sums."""
         agent.model.train()
         agent.optimizer.zero_grad(set_to_none=True)
+        # backward must run while the agent's adapter is active: PEFT freezes inactive adapters
+        with active_adapter(agent.model, agent.adapter):
+            return self._accumulate_chunks(agent, batches, weights, cache, iteration)
+
+    def _accumulate_chunks(self, agent: Agent, batches: list, weights: list[torch.Tensor],
+                           cache: dict, iteration: int) -> dict[str, float]:
         sums: dict[str, float] = {}
         chunk = self.args.forward_batch_size
         for b, ((samples, adv), w) in enumerate(zip(batches, weights)):
@@ -267,16 +296,19 @@ class MultiAgentTrainer:
         return sums
 
     def _ref_logprobs(self, agent: Agent, tensors: list[torch.Tensor], cache: dict, key: tuple) -> torch.Tensor | None:
-        if agent.ref_model is None:
+        """Log-probs under the frozen reference: a copy of the initial model, or the LoRA base with adapters off."""
+        if self.args.beta <= 0:
             return None
         rkey = ("ref",) + key
         if rkey not in cache:
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                cache[rkey] = completion_logprobs(agent.ref_model, *tensors)
+            ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
+            model = agent.model if agent.adapter is not None else agent.ref_model
+            with torch.no_grad(), ctx, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                cache[rkey] = completion_logprobs(model, *tensors)
         return cache[rkey]
 
     def _optimizer_step(self, agent: Agent) -> float:
-        params = [p for p in agent.model.parameters() if p.requires_grad]
+        params = agent.params
         if self.args.max_grad_norm and self.args.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm))
         else:
@@ -331,10 +363,12 @@ class MultiAgentTrainer:
         g = num_generations or self.args.eval_num_generations
         limit = min(len(dataset), max_rows or self.args.eval_max_rows or len(dataset))
         episodes, samples_out = [], []
-        for lo in tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False):
+        bar = tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False)
+        for lo in bar:
             ids = list(range(lo, min(lo + batch_size, limit)))
             ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset)
             episodes.append(ep)
+            bar.set_postfix(reward=f"{float(torch.cat([e.turns[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}")
             first = ep.turns[0]
             for m, node in enumerate(first.nodes):
                 samples_out.append({"row": node.row_id, "prompts": node.prompts, "reward": float(first.rewards[m, 0]),
@@ -359,7 +393,10 @@ class MultiAgentTrainer:
         paths = []
         for a in self.agents:
             path = root / a.name
-            a.model.save_pretrained(path)
+            if a.adapter is not None:  # PEFT writes a non-default adapter to root/<adapter name> == path
+                a.model.save_pretrained(root, selected_adapters=[a.adapter])
+            else:
+                a.model.save_pretrained(path)
             a.tokenizer.save_pretrained(path)
             paths.append(str(path))
         (root / "comlrl_config.json").write_text(json.dumps({"trainer": type(self).__name__, "num_agents": self.num_agents,

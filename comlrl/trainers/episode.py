@@ -87,8 +87,7 @@ def run_episode(
     timings = {"generate": 0.0, "reward": 0.0, "transition": 0.0}
     for t in range(num_turns):
         start = time.perf_counter()
-        samples = [generate(a.model, a.tokenizer, [nd.prompts[a.index] for nd in nodes], g, settings, a.chat, autocast_dtype)
-                   for a in agents]
+        samples = generate_team(agents, nodes, g, settings, autocast_dtype)
         timings["generate"] += time.perf_counter() - start
         start = time.perf_counter()
         completions = [[samples[i].texts[m * g + c[i]] for m in range(len(nodes)) for c in combos] for i in range(n)]
@@ -116,6 +115,27 @@ def run_episode(
             break
         nodes = next_nodes
     return Episode(turns, timings)
+
+
+def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: GenerationSettings,
+                  autocast_dtype: torch.dtype | None = None) -> list[Samples]:
+    """Each agent's samples for the nodes' prompts: one generate call per distinct model.
+
+    Agents sharing a LoRA base are generated together, each row routed through its agent's adapter.
+    """
+    out: dict[int, Samples] = {}
+    by_model: dict[int, list[Agent]] = {}
+    for a in agents:
+        by_model.setdefault(id(a.model), []).append(a)
+    for group in by_model.values():
+        prompts = [nd.prompts[a.index] for a in group for nd in nodes]
+        chats = [a.chat for a in group for _ in nodes]
+        adapters = [a.adapter for a in group for _ in nodes] if group[0].adapter is not None else None
+        s = generate(group[0].model, group[0].tokenizer, prompts, g, settings, chats, autocast_dtype, adapters)
+        rows = len(nodes) * g
+        for k, a in enumerate(group):
+            out[a.index] = s.rows(k * rows, (k + 1) * rows) if len(group) > 1 else s
+    return [out[a.index] for a in agents]
 
 
 def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -> Node:

