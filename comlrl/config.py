@@ -162,18 +162,10 @@ class TrainConfig:
 
 
 @config_class
-class MAGRPOConfig(TrainConfig):
-    """Config of the critic-free multi-agent REINFORCE family (MAGRPO and its baselines).
-
-    The four trainers differ only in ``advantage_mode``: none (MAREINFORCE), mean (MAGRPO),
-    loo (MARLOO), max (MAREMAX). Defaults follow Liu et al. 2025 (arXiv 2508.04652):
-    no std scaling, so the four baselines give different updates.
-    """
+class PolicyConfig(TrainConfig):
+    """Settings of the policy-gradient update shared by the REINFORCE family and the actor-critic trainers."""
 
     num_agents: int | None = _help(None, "Optional check: must equal the trainer's number of agents when set.")
-    joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample.")
-    advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
-    scale_rewards: str = _help("none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}.")
     reward_clip: float | None = _help(None, "Clip team rewards to [-c, c] before advantages (None = off).")
     loss_type: str = _help(
         "token_mean",
@@ -186,30 +178,55 @@ class MAGRPOConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        name = type(self).__name__
+        self._check_choice("loss_type", LOSS_TYPES)
+        if self.num_iterations < 1:
+            raise ConfigError(f"{name}.num_iterations={self.num_iterations}: must be >= 1.")
+        if self.epsilon <= 0:
+            raise ConfigError(f"{name}.epsilon={self.epsilon}: must be > 0.")
+        if self.beta < 0:
+            raise ConfigError(f"{name}.beta={self.beta}: must be >= 0.")
+
+    def _check_choice(self, field_name: str, valid: tuple) -> None:
+        value = getattr(self, field_name)
+        if value not in valid:
+            raise ConfigError(
+                f"{type(self).__name__}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
+            )
+
+
+@config_class
+class MAGRPOConfig(PolicyConfig):
+    """Config of the critic-free multi-agent REINFORCE family (MAGRPO and its baselines).
+
+    The four trainers differ only in ``advantage_mode``: none (MAREINFORCE), mean (MAGRPO),
+    loo (MARLOO), max (MAREMAX). Defaults follow Liu et al. 2025 (arXiv 2508.04652):
+    no std scaling, so the four baselines give different updates.
+    """
+
+    joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample.")
+    advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
+    scale_rewards: str = _help("none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
         if self.joint_mode not in JOINT_MODES:
             raise ConfigError(
-                f"MAGRPOConfig.joint_mode={self.joint_mode!r}: must be one of {sorted(JOINT_MODES)}."
+                f"{name}.joint_mode={self.joint_mode!r}: must be one of {sorted(JOINT_MODES)}."
                 + suggest(str(self.joint_mode), sorted(JOINT_MODES))
             )
         self.joint_mode = JOINT_MODES[self.joint_mode]
-        for name, valid in (("advantage_mode", ADVANTAGE_MODES), ("scale_rewards", SCALE_MODES), ("loss_type", LOSS_TYPES)):
-            value = getattr(self, name)
-            if value not in valid:
-                raise ConfigError(f"MAGRPOConfig.{name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}")
-        if self.num_iterations < 1:
-            raise ConfigError(f"MAGRPOConfig.num_iterations={self.num_iterations}: must be >= 1.")
-        if self.epsilon <= 0:
-            raise ConfigError(f"MAGRPOConfig.epsilon={self.epsilon}: must be > 0.")
-        if self.beta < 0:
-            raise ConfigError(f"MAGRPOConfig.beta={self.beta}: must be >= 0.")
+        self._check_choice("advantage_mode", ADVANTAGE_MODES)
+        self._check_choice("scale_rewards", SCALE_MODES)
         if self.advantage_mode in ("mean", "loo", "max") and self.num_generations < 2:
             raise ConfigError(
-                f"MAGRPOConfig.num_generations={self.num_generations}: the '{self.advantage_mode}' baseline needs a "
+                f"{name}.num_generations={self.num_generations}: the '{self.advantage_mode}' baseline needs a "
                 "group of at least 2 samples; raise num_generations or use advantage_mode='none'."
             )
         if self.joint_mode == "cross" and self.num_turns > 1:
             raise ConfigError(
-                "MAGRPOConfig: joint_mode='cross' with num_turns > 1 would expand G^N children per node; "
+                f"{name}: joint_mode='cross' with num_turns > 1 would expand G^N children per node; "
                 "use joint_mode='align' for multi-turn training."
             )
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..config import MAGRPOConfig
+from ..config import MAGRPOConfig, PolicyConfig
 from ..errors import ConfigError
 from ..losses import loss_weights, policy_loss
 from ..models import check_vocab, copy_model
@@ -111,10 +111,10 @@ class MultiAgentTrainer:
 
     # ------------------------------------------------------------------ setup helpers
     def _check_args(self) -> None:
-        if not isinstance(self.args, MAGRPOConfig):
+        if not isinstance(self.args, PolicyConfig):
             raise ConfigError(f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}.")
         fixed = self.fixed_advantage_mode
-        if fixed is not None and self.args.advantage_mode != fixed:
+        if fixed is not None and getattr(self.args, "advantage_mode", fixed) != fixed:
             raise ConfigError(
                 f"{type(self).__name__} uses advantage_mode='{fixed}' but args.advantage_mode='{self.args.advantage_mode}'; "
                 f"pass {self.config_class.__name__}(...) or use MAGRPOTrainer with advantage_mode set."
@@ -221,17 +221,22 @@ class MultiAgentTrainer:
         """Roll out one batch, compute advantages, and update the agents every gradient_accumulation_steps."""
         a = self.args
         episode = self.rollout(rows, row_ids, self.generation_settings(train=True), a.num_generations, self.reward_func)
-        adv = episode_advantages(episode, self.num_agents, a.num_generations, joint_mode=a.joint_mode,
-                                 mode=a.advantage_mode, scale=a.scale_rewards, discount=a.discount,
-                                 reward_clip=a.reward_clip)
-        self._buffer.append((episode, adv))
         metrics = self.episode_metrics(episode)
+        adv = self.compute_advantages(episode, metrics)
+        self._buffer.append((episode, adv))
         if len(self._buffer) == a.gradient_accumulation_steps:
             start = time.perf_counter()
             metrics.update(self.optimize(self._buffer))
             metrics["time/update"] = time.perf_counter() - start
             self._buffer = []
         return metrics
+
+    def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
+        """advantages[agent][turn] for one rollout: the baseline of ``advantage_mode`` over sibling returns."""
+        a = self.args
+        return episode_advantages(episode, self.num_agents, a.num_generations, joint_mode=a.joint_mode,
+                                  mode=a.advantage_mode, scale=a.scale_rewards, discount=a.discount,
+                                  reward_clip=a.reward_clip)
 
     def rollout(self, rows: list[dict], row_ids: list[int], settings: GenerationSettings, num_generations: int,
                 reward_func: Callable, dataset: Any = None) -> Episode:
@@ -240,7 +245,7 @@ class MultiAgentTrainer:
         nodes = root_nodes(self.agents, rows, row_ids, columns)
         return run_episode(
             self.agents, nodes, reward_func=reward_func, num_generations=num_generations, settings=settings,
-            joint_mode=self.args.joint_mode, num_turns=self.args.num_turns, external_transition=self.external_transition,
+            joint_mode=getattr(self.args, "joint_mode", "align"), num_turns=self.args.num_turns, external_transition=self.external_transition,
             termination_threshold=self.args.termination_threshold, reward_processor=self.reward_processor,
             autocast_dtype=self.autocast_dtype,
         )
