@@ -107,3 +107,39 @@ def tree_returns(
             child_value = returns[t + 1].mean(dim=-1)  # (M_{t+1},)
             returns[t][has_child] += discount * child_value[child[has_child]]
     return returns
+
+
+def tree_gae(
+    rewards: list[torch.Tensor], values: list[torch.Tensor], children: list[torch.Tensor], discount: float, lam: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GAE(lambda) over the multi-turn tree (Schulman et al. 2016), with V from *before* the critic update.
+
+    rewards[t], children[t]: (M_t, G) as in :func:`tree_returns`; values[t]: (M_t,) V(h) of each node.
+    delta = r + discount * V(child) - V(node)   (V(child) = 0 where the branch ended)
+    A     = delta + discount * lam * mean_g' A(child, g')
+    Returns (advantages[t], value targets[t] = A + V(node)), each (M_t, G).
+    lam = 0 gives TD(0) advantages; lam = 1 gives Monte-Carlo tree returns minus V.
+    """
+    n = len(rewards)
+    if not (len(values) == len(children) == n):
+        raise ValueError("rewards, values and children need one entry per turn")
+    advantages: list[torch.Tensor] = [torch.zeros_like(r) for r in rewards]
+    for t in range(n - 1, -1, -1):
+        child = children[t]
+        has_child = child >= 0
+        v_next = torch.zeros_like(rewards[t])
+        a_next = torch.zeros_like(rewards[t])
+        if t + 1 < n and has_child.any():
+            v_next[has_child] = values[t + 1][child[has_child]]
+            a_next[has_child] = advantages[t + 1].mean(dim=-1)[child[has_child]]
+        delta = rewards[t] + discount * v_next - values[t].unsqueeze(-1)
+        advantages[t] = delta + discount * lam * a_next
+    targets = [a + v.unsqueeze(-1) for a, v in zip(advantages, values)]
+    return advantages, targets
+
+
+def normalize(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(A - mean) / std over all entries (advantage normalization option of the actor-critic trainers)."""
+    if advantages.numel() < 2:
+        return advantages - advantages.mean()
+    return (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)

@@ -240,3 +240,49 @@ def _variant(name: str, mode: str, doc: str) -> type:
 MAREINFORCEConfig = _variant("MAREINFORCEConfig", "none", "MAGRPOConfig with no baseline (A = R).")
 MARLOOConfig = _variant("MARLOOConfig", "loo", "MAGRPOConfig with the leave-one-out baseline (RLOO).")
 MAReMaxConfig = _variant("MAReMaxConfig", "max", "MAGRPOConfig with the group-max baseline (ReMax-style).")
+
+
+@config_class
+class ActorCriticConfig(PolicyConfig):
+    """Config of the actor-critic trainers (IAC, MAAC): separate actors, learned value critic(s)."""
+
+    critic_type: str = _help("v", "'v': V(prompts); 'q' (MAAC only): Q(prompts, joint action), node value = mean of Q.")
+    use_separate_critic: bool = _help(
+        True, "True: a separate value model (critic_model); False: a value head on the actor's own backbone "
+        "(features detached: the value loss trains the head only)."
+    )
+    critic_model: str | None = _help(None, "Model source of the separate critic (None = the actor's source); may be smaller.")
+    critic_learning_rate: float = _help(1e-5, "AdamW learning rate of the critic (backbone and head).")
+    critic_max_grad_norm: float = _help(1.0, "Gradient-norm clip of the critic (0 disables).")
+    gae_lambda: float = _help(1.0, "GAE lambda over turns: 1 = Monte-Carlo tree returns, 0 = TD(0).")
+    value_clip: float | None = _help(None, "Clip the value update around the pre-update values (None = off).")
+    normalize_advantages: bool = _help(False, "Normalize each agent's advantages to zero mean, unit std per update.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("critic_type", ("v", "q"))
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ConfigError(f"{type(self).__name__}.gae_lambda={self.gae_lambda}: must be in [0, 1].")
+        if self.critic_learning_rate < 0:
+            raise ConfigError(f"{type(self).__name__}.critic_learning_rate={self.critic_learning_rate}: must be >= 0.")
+
+
+@config_class
+class IACConfig(ActorCriticConfig):
+    """Independent actor-critic: each agent has its own critic V_i(agent i's prompt)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.critic_type != "v":
+            raise ConfigError("IACConfig.critic_type='q': an independent critic sees only its agent; use MAACConfig for Q.")
+
+
+@config_class
+class MAACConfig(ActorCriticConfig):
+    """Multi-agent actor-critic: one centralized critic over all agents' prompts (V) or prompts + joint action (Q)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.use_separate_critic:
+            raise ConfigError("MAACConfig.use_separate_critic=False: a centralized critic reads every agent's "
+                              "prompt, so it cannot live on one actor's backbone; use a separate critic.")

@@ -67,3 +67,18 @@ def policy_loss(
         per_token = per_token + beta * kl
         metrics["kl"] = (kl * weights).sum().detach()
     return (per_token * weights).sum(), metrics
+
+
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, targets: torch.Tensor, clip: float | None = None
+) -> torch.Tensor:
+    """0.5 * mean (V - target)^2, optionally PPO-clipped around the values before the update.
+
+    values, old_values, targets: same shape (broadcastable). With ``clip``:
+    0.5 * mean max((V - T)^2, (V_old + clamp(V - V_old, -clip, clip) - T)^2).
+    """
+    err = (values - targets) ** 2
+    if clip is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        err = torch.maximum(err, (clipped - targets) ** 2)
+    return 0.5 * err.mean()

@@ -46,7 +46,9 @@ class TeamReward:
         """Score L joint actions: ``agent_completions[i][j]`` is agent i's answer in joint action j."""
         raise NotImplementedError
 
-    def score(self, *agent_completions: Sequence[str], batch_items: Sequence[dict] | None = None, **kwargs: Any) -> list[dict[str, float]]:
+    def score(
+        self, *agent_completions: Sequence[str], batch_items: Sequence[dict] | None = None, **kwargs: Any
+    ) -> list[dict[str, float]]:
         """Per joint action: ``{"reward": r, "level/...": ..., ...}``. Extra keyword arguments are ignored."""
         completions = self._check_completions(agent_completions)
         rows = self._check_rows(batch_items, len(completions[0]) if completions else 0)
@@ -54,7 +56,9 @@ class TeamReward:
             return []
         return self.score_batch(completions, rows)
 
-    def __call__(self, *agent_completions: Sequence[str], batch_items: Sequence[dict] | None = None, **kwargs: Any) -> list[float]:
+    def __call__(
+        self, *agent_completions: Sequence[str], batch_items: Sequence[dict] | None = None, **kwargs: Any
+    ) -> list[float]:
         """One team reward per joint action (``prompts``, ``turn`` and other keywords are ignored)."""
         return [d["reward"] for d in self.score(*agent_completions, batch_items=batch_items)]
 
@@ -71,7 +75,9 @@ class TeamReward:
         for i, comps in enumerate(lists):
             for j, text in enumerate(comps):
                 if not isinstance(text, str):
-                    raise ComlrlError(f"{self.__name__}: agent {i} completion {j} is {type(text).__name__}, expected str.")
+                    raise ComlrlError(
+                        f"{self.__name__}: agent {i} completion {j} is {type(text).__name__}, expected str."
+                    )
         return lists
 
     def _check_rows(self, batch_items: Sequence[dict] | None, n: int) -> list[dict]:
@@ -81,7 +87,9 @@ class TeamReward:
         if len(rows) == 1 and n > 1:
             rows = rows * n
         if len(rows) != n:
-            raise ComlrlError(f"{self.__name__}: {len(rows)} batch_items for {n} joint actions (need one row per joint action).")
+            raise ComlrlError(
+                f"{self.__name__}: {len(rows)} batch_items for {n} joint actions (need one row per joint action)."
+            )
         return rows
 
 
@@ -111,7 +119,9 @@ class Env:
         self.external_transition: Callable[..., list[str]] | None = None
 
     # --- data and prompts ------------------------------------------------------------------------
-    def load_dataset(self, source: str | None = None, split: str = "train", limit: int | None = None) -> datasets.Dataset:
+    def load_dataset(
+        self, source: str | None = None, split: str = "train", limit: int | None = None
+    ) -> datasets.Dataset:
         """Rows in this environment's schema, from the offline default, a HF id or a local file."""
         raise NotImplementedError
 
@@ -215,5 +225,7 @@ def make(name: str, num_agents: int = 2, **options: Any) -> Env:
         if key not in valid:
             close = difflib.get_close_matches(key, list(valid), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise ComlrlError(f"environment '{name}': unknown option '{key}'.{hint} Options: {', '.join(sorted(valid)) or 'none'}.")
+            raise ComlrlError(
+                f"environment '{name}': unknown option '{key}'.{hint} Options: {', '.join(sorted(valid)) or 'none'}."
+            )
     return cls(num_agents=num_agents, **options)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 
 _FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+#.-]*)")
@@ -33,6 +34,9 @@ _DEF_LINE = re.compile(r"^(async\s+def|def)\s+([A-Za-z_]\w*)\s*\(")
 _CLASS_LINE = re.compile(r"^class\s+([A-Za-z_]\w*)\s*[(:]")
 _IMPORT_LINE = re.compile(r"^(import\s+[\w.]+|from\s+[\w.]+\s+import\s+)")
 _CONTINUATION = re.compile(r"^(\)|\]|\}|else\b|elif\b|except\b|finally\b)")
+_STATEMENT_START = re.compile(
+    r"^(@|(async\s+)?def\s|class\s|if\s|for\s|while\s|with\s|try:|import\s|from\s|[A-Za-z_][\w.]*\s*[=(\[])"
+)
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
@@ -127,21 +131,27 @@ def split_chunks(text: str) -> list[str]:
     chunks: list[list[str]] = []
     for line in text.split("\n"):
         starts = line.strip() != "" and not line[0].isspace() and not _CONTINUATION.match(line)
-        prev_is_decorator = bool(chunks) and all(l.startswith("@") or not l.strip() for l in chunks[-1])
+        prev_is_decorator = bool(chunks) and all(ln.startswith("@") or not ln.strip() for ln in chunks[-1])
         if starts and not (prev_is_decorator and chunks[-1]):
             chunks.append([line])
         elif chunks:
             chunks[-1].append(line)
         elif line.strip():
             chunks.append([line])  # indented text before any top-level line
-    return ["\n".join(c).rstrip() for c in chunks if any(l.strip() for l in c)]
+    return ["\n".join(c).rstrip() for c in chunks if any(ln.strip() for ln in c)]
 
 
-def _parses(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+def parse_quiet(source: str) -> ast.Module | None:
+    """``ast.parse(source)``, or None when it does not parse; SyntaxWarnings (bad escapes) are silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+
+
+_parses = parse_quiet
 
 
 def compiles(source: str) -> str | None:
@@ -150,7 +160,9 @@ def compiles(source: str) -> str | None:
     Uses ``compile`` (which also catches ``return`` outside a function); nothing is executed.
     """
     try:
-        compile(source, "<team program>", "exec", dont_inherit=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, "<team program>", "exec", dont_inherit=True)
         return None
     except SyntaxError as exc:
         return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
@@ -168,7 +180,7 @@ def _chunk_def_name(chunk: str) -> str | None:
 
 
 def _looks_like_code(chunk: str) -> bool:
-    first = next((l for l in chunk.split("\n") if l.strip()), "")
+    first = next((ln for ln in chunk.split("\n") if ln.strip()), "")
     return bool(_DEF_LINE.match(first) or _CLASS_LINE.match(first) or first.startswith("@"))
 
 
@@ -178,11 +190,8 @@ def _keep_statement(node: ast.stmt, local_functions: set[str]) -> bool:
         return True
     if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
         # Constants such as ``R = 3`` or ``PATTERN = re.compile(...)`` stay; ``result = f(5)`` (a demo) goes.
-        for sub in ast.walk(node.value):
-            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name):
-                if sub.func.id in local_functions or sub.func.id in {"print", "input"}:
-                    return False
-        return True
+        calls = [s.func.id for s in ast.walk(node.value) if isinstance(s, ast.Call) and isinstance(s.func, ast.Name)]
+        return not any(name in local_functions or name in ("print", "input") for name in calls)
     if isinstance(node, ast.Try):  # ``try: import x`` / ``except ImportError: ...``
         return all(isinstance(s, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign)) for s in node.body)
     return False
@@ -217,7 +226,8 @@ def _collect_chunks(text: str) -> tuple[list[tuple[str, ast.Module | None]], int
     dropped, i = 0, 0
     while i < len(raw):
         module = _parses(raw[i])
-        extra = 0 if module is not None else _merge_broken(raw, i)
+        # Only a chunk that starts like code can be completed by the chunks after it (prose cannot).
+        extra = 0 if module is not None or not _STATEMENT_START.match(raw[i]) else _merge_broken(raw, i)
         if module is not None or extra > 0:
             source = "\n".join(raw[i : i + extra + 1])
             out.extend(_explode(source, module or _parses(source)))
@@ -229,6 +239,10 @@ def _collect_chunks(text: str) -> tuple[list[tuple[str, ast.Module | None]], int
     return out, dropped
 
 
+def _is_none(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value is None
+
+
 def function_returns(node: ast.AST) -> bool:
     """True when the function has ``return <value>`` or ``yield`` outside nested functions/classes."""
     stack = list(getattr(node, "body", []))
@@ -236,9 +250,8 @@ def function_returns(node: ast.AST) -> bool:
         sub = stack.pop()
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        if isinstance(sub, ast.Return) and sub.value is not None:
-            if not (isinstance(sub.value, ast.Constant) and sub.value.value is None):
-                return True
+        if isinstance(sub, ast.Return) and sub.value is not None and not _is_none(sub.value):
+            return True
         if isinstance(sub, (ast.Yield, ast.YieldFrom)):
             return True
         stack.extend(ast.iter_child_nodes(sub))
@@ -296,10 +309,10 @@ def fix_first_line_indent(body: str) -> list[str]:
     level used by the following lines (the first that parses is the right one).
     """
     lines = body.split("\n")
-    idx = next((i for i, l in enumerate(lines) if l.strip()), None)
+    idx = next((i for i, ln in enumerate(lines) if ln.strip()), None)
     if idx is None or lines[idx][0].isspace():
         return [body]
-    levels = sorted({len(l) - len(l.lstrip()) for l in lines[idx + 1 :] if l.strip() and l[0].isspace()})
+    levels = sorted({len(ln) - len(ln.lstrip()) for ln in lines[idx + 1 :] if ln.strip() and ln[0].isspace()})
     out = []
     for level in levels:
         fixed = list(lines)

@@ -54,7 +54,9 @@ def read_json_records(path: str) -> list[dict]:
     if isinstance(data, dict):
         data = _unwrap(data, path)
     if not isinstance(data, list):
-        raise DatasetError(f"{path}: expected a JSON list of objects (or {{\"data\": [...]}}), got {type(data).__name__}.")
+        raise DatasetError(
+            f'{path}: expected a JSON list of objects (or {{"data": [...]}}), got {type(data).__name__}.'
+        )
     return _check_objects(data, path)
 
 
@@ -76,7 +78,9 @@ def _unwrap(data: dict, path: str) -> list:
             return data[key]
     if data and all(isinstance(v, dict) for v in data.values()):  # {"task_id": {...}, ...}
         return [{"task_id": k, **v} if "task_id" not in v else v for k, v in data.items()]
-    raise DatasetError(f"{path}: a JSON object must hold the rows under 'data' (a list); keys found: {sorted(data)[:8]}.")
+    raise DatasetError(
+        f"{path}: a JSON object must hold the rows under 'data' (a list); keys found: {sorted(data)[:8]}."
+    )
 
 
 def _check_objects(rows: list, path: str) -> list[dict]:
@@ -89,7 +93,9 @@ def _check_objects(rows: list, path: str) -> list[dict]:
 def load_hub(hub_id: str, split: str, config: str | None = None) -> list[dict]:
     """Rows of a Hugging Face dataset; a clear error when it cannot be downloaded (e.g. offline)."""
     try:
-        ds = datasets.load_dataset(hub_id, config, split=split) if config else datasets.load_dataset(hub_id, split=split)
+        ds = (
+            datasets.load_dataset(hub_id, config, split=split) if config else datasets.load_dataset(hub_id, split=split)
+        )
     except Exception as exc:  # offline, unknown id, unknown split: all end the same way for the user
         raise DatasetError(
             f"could not load the Hugging Face dataset '{hub_id}' (split '{split}'): {type(exc).__name__}: {exc}. "
@@ -145,17 +151,25 @@ def load_rows(
     return datasets.Dataset.from_list(out)
 
 
-def _raw_rows(source: Any, *, split: str, default: Any, env_name: str, hub_config: str | None) -> tuple[list[dict], str]:
+def _raw_rows(
+    source: Any, *, split: str, default: Any, env_name: str, hub_config: str | None
+) -> tuple[list[dict], str]:
     if source is None:
         if default is None:
-            raise DatasetError(f"{env_name}: no offline data ships with this environment; pass a local .json/.jsonl/.parquet path or a Hugging Face id.")
+            raise DatasetError(
+                f"{env_name}: no offline data ships with this environment; "
+                "pass a local .json/.jsonl/.parquet path or a Hugging Face id."
+            )
         return default(split), f"{env_name} default data"
     if isinstance(source, datasets.Dataset):
         return [dict(r) for r in source], f"{env_name} dataset"
     if isinstance(source, (list, tuple)):
         return [dict(r) for r in source], f"{env_name} rows"
     if not isinstance(source, (str, os.PathLike)):
-        raise DatasetError(f"{env_name}: source must be a path, a Hugging Face id, a Dataset or a list of dicts; got {type(source).__name__}.")
+        raise DatasetError(
+            f"{env_name}: source must be a path, a Hugging Face id, a Dataset or a list of dicts; "
+            f"got {type(source).__name__}."
+        )
     source = os.fspath(source)
     if looks_like_hub_id(source):
         return load_hub(source, split, hub_config), f"Hugging Face dataset '{source}'"

@@ -21,6 +21,7 @@ STOPWORDS: frozenset[str] = frozenset(
     """.split()
 )
 
+# fmt: off
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     "elaboration": (
         "furthermore", "moreover", "additionally", "in addition", "besides", "what is more", "not only",
@@ -71,3 +72,4 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
         "previously", "currently", "at the same time", "recently", "now",
     ),
 }
+# fmt: on

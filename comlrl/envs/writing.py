@@ -31,6 +31,7 @@ reward splits its answer there (the single-agent baseline).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from typing import Any
 
 import datasets
 
+from ..errors import ComlrlError
 from .base import Env, Formatter, TeamReward, register
 from .loaders import load_rows, text_field
 from .wordlists import STOPWORDS, TRANSITIONS
@@ -47,7 +49,9 @@ _MARKER_LINE = re.compile(r"^[ \t#*=\-]*part\s*2\b.*$", re.I | re.M)
 _PART1_LINE = re.compile(r"^[ \t#*=\-]*part\s*1\b[^\n]*\n?", re.I)
 _WORD = re.compile(r"\b\w+\b")
 _TRANSITION_RE = {
-    cat: re.compile(r"(?<![\w])(" + "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True)) + r")(?![\w])")
+    cat: re.compile(
+        r"(?<![\w])(" + "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True)) + r")(?![\w])"
+    )
     for cat, phrases in TRANSITIONS.items()
 }
 
@@ -114,8 +118,12 @@ class WritingTiers:
     weights: tuple[float, float, float, float] = (0.5, 1.0, 0.5, 1.0)  # structure, length, distinct, style
 
 
-TLDR_TIERS = WritingTiers(tokens=(8, 256), length=(1.1, 1.6, 3.2, 5.0), distinct=(1.3, 2.0, math.inf, math.inf), transitions_in_both=False)
-ARXIV_TIERS = WritingTiers(tokens=(128, 256), length=(0.8, 1.3, 1.6, 2.0), distinct=(0.5, 0.7, 1.3, 1.7), transitions_in_both=True)
+TLDR_TIERS = WritingTiers(
+    tokens=(8, 256), length=(1.1, 1.6, 3.2, 5.0), distinct=(1.3, 2.0, math.inf, math.inf), transitions_in_both=False
+)
+ARXIV_TIERS = WritingTiers(
+    tokens=(128, 256), length=(0.8, 1.3, 1.6, 2.0), distinct=(0.5, 0.7, 1.3, 1.7), transitions_in_both=True
+)
 
 LEVELS = ("level/structure", "level/length", "level/distinct", "level/style")
 
@@ -129,10 +137,16 @@ def score_writing(c1: str, c2: str, tiers: WritingTiers) -> dict[str, float]:
     distinct_ratio = len(w2) / len(w1) if w1 else 0.0
     cats = transition_categories(c1 + "\n" + c2 if tiers.transitions_in_both else c2)
     jac = jaccard(content_words(c1), content_words(c2))
-    out.update({
-        "metric/tokens_1": float(n1), "metric/tokens_2": float(n2), "metric/length_ratio": length_ratio,
-        "metric/distinct_ratio": distinct_ratio, "metric/transition_categories": float(len(cats)), "metric/jaccard": jac,
-    })
+    out.update(
+        {
+            "metric/tokens_1": float(n1),
+            "metric/tokens_2": float(n2),
+            "metric/length_ratio": length_ratio,
+            "metric/distinct_ratio": distinct_ratio,
+            "metric/transition_categories": float(len(cats)),
+            "metric/jaccard": jac,
+        }
+    )
     lo, hi = tiers.tokens
     levels = []
     if lo <= n1 <= hi and lo <= n2 <= hi:
@@ -147,7 +161,7 @@ def score_writing(c1: str, c2: str, tiers: WritingTiers) -> dict[str, float]:
                 levels.append(0.4 * transition_score(len(cats)) + 0.6 * overlap)
     for key, value in zip(LEVELS, levels):
         out[key] = value
-    out["reward"] = sum(w * v for w, v in zip(tiers.weights, levels))
+    out["reward"] = float(sum(w * v for w, v in zip(tiers.weights, levels)))
     return out
 
 
@@ -189,9 +203,14 @@ class WritingEnv(Env):
     tiers: WritingTiers
     prompts: tuple[str, str, str]  # agent 1, agent 2, single agent; each with {text}
 
-    def __init__(self, num_agents: int = 2) -> None:
+    def __init__(self, num_agents: int = 2, *, jaccard_cap: float | None = None) -> None:
+        """``jaccard_cap``: Jaccard similarity that earns the full overlap score (default 0.03, as specified;
+        the published arxiv code used 0.23)."""
         super().__init__(num_agents)
-        self.reward_func = WritingReward(num_agents, self.name, self.tiers)
+        if jaccard_cap is not None and not 0 < jaccard_cap <= 1:
+            raise ValueError(f"{self.name}: jaccard_cap must be in (0, 1], got {jaccard_cap}.")
+        tiers = self.tiers if jaccard_cap is None else dataclasses.replace(self.tiers, jaccard_cap=jaccard_cap)
+        self.reward_func = WritingReward(num_agents, self.name, tiers)
         self.external_transition = None
 
     def _text(self, row: dict) -> str:
@@ -219,8 +238,13 @@ def _post_text(row: dict) -> str:
     """The post of a tldr row: a ``prompt`` ("SUBREDDIT/TITLE/POST ... TL;DR:") or ``post`` (+ title)."""
     if row.get("prompt") is not None:
         text = str(row["prompt"])
+    elif row.get("post") is None:
+        raise ComlrlError(f"tldr row has neither 'prompt' nor 'post' (fields: {sorted(row)}).")
     else:
-        parts = [f"SUBREDDIT: r/{row['subreddit']}" if row.get("subreddit") else "", f"TITLE: {row['title']}" if row.get("title") else ""]
+        parts = [
+            f"SUBREDDIT: r/{row['subreddit']}" if row.get("subreddit") else "",
+            f"TITLE: {row['title']}" if row.get("title") else "",
+        ]
         text = "\n\n".join([p for p in parts if p] + [f"POST: {row['post']}"])
     return re.sub(r"\s*TL;DR:\s*$", "", text.strip())
 
@@ -231,7 +255,7 @@ class TldrEnv(WritingEnv):
 
     name = "tldr"
     description = "summarize a Reddit post: agent 1 concise, agent 2 detailed"
-    defaults = {"max_new_tokens": 256, "num_turns": 1, "temperature": 0.8}
+    defaults = {"max_new_tokens": 256, "num_turns": 1}
     hub_id = "trl-lib/tldr"
     tiers = TLDR_TIERS
     prompts = (
@@ -239,14 +263,12 @@ class TldrEnv(WritingEnv):
         "detailed summary of the same post, so keep yours brief.\n\n{text}\n\nConcise summary:",
         "Write a detailed summary of the Reddit post below. A teammate writes a one- or two-sentence summary, so "
         "make yours about two to three times longer, use a richer, more varied vocabulary, and connect the ideas "
-        "with transition words (for example: moreover, however, as a result, for instance).\n\n{text}\n\nDetailed summary:",
+        "with transition words (for example: moreover, however, as a result, for instance)."
+        "\n\n{text}\n\nDetailed summary:",
         "Write two summaries of the Reddit post below. First a concise, factual summary in one or two sentences. "
         f"Then a line containing only {MARKER}, followed by a detailed summary about two to three times longer "
         "than the first, with a richer vocabulary and transition words for flow.\n\n{text}\n\nConcise summary:",
     )
-
-    def __init__(self, num_agents: int = 2) -> None:
-        super().__init__(num_agents)
 
     def _text(self, row: dict) -> str:
         return _post_text(row)
@@ -263,8 +285,14 @@ class TldrEnv(WritingEnv):
         def normalize(row: dict, i: int) -> dict:
             return {"prompt": _post_text(row), "completion": str(row.get("completion") or row.get("summary") or "")}
 
-        return load_rows(source if source is not None else self.hub_id, split=split, limit=limit,
-                         required=[("prompt", "post")], normalize=normalize, env_name=self.name)
+        return load_rows(
+            source if source is not None else self.hub_id,
+            split=split,
+            limit=limit,
+            required=[("prompt", "post")],
+            normalize=normalize,
+            env_name=self.name,
+        )
 
 
 @register("arxiv")
@@ -273,7 +301,7 @@ class ArxivEnv(WritingEnv):
 
     name = "arxiv"
     description = "expand an abstract into an introduction: background/motivation + method/implications"
-    defaults = {"max_new_tokens": 512, "num_turns": 1, "temperature": 0.8}
+    defaults = {"max_new_tokens": 512, "num_turns": 1}
     hub_id = "OpenMLRL/arXiv_abstract"
     tiers = ARXIV_TIERS
     prompts = (
@@ -290,9 +318,6 @@ class ArxivEnv(WritingEnv):
         f"{MARKER}, followed by the methodology and its implications (about 200 to 250 words), without repeating "
         "the background.\n\nAbstract:\n{text}\n\nBackground and motivation:",
     )
-
-    def __init__(self, num_agents: int = 2) -> None:
-        super().__init__(num_agents)
 
     def _text(self, row: dict) -> str:
         return text_field(row, "abstract", "abstract_text").strip()
@@ -312,5 +337,11 @@ class ArxivEnv(WritingEnv):
                 raise ValueError("the abstract is empty")
             return {"abstract": abstract, "article_id": str(row.get("article_id") or row.get("id") or i)}
 
-        return load_rows(source if source is not None else self.hub_id, split=split, limit=limit,
-                         required=[("abstract", "abstract_text")], normalize=normalize, env_name=self.name)
+        return load_rows(
+            source if source is not None else self.hub_id,
+            split=split,
+            limit=limit,
+            required=[("abstract", "abstract_text")],
+            normalize=normalize,
+            env_name=self.name,
+        )

@@ -1,7 +1,8 @@
 """comlrl trainers."""
 
+from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .magrpo import (MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer, MAReMaxConfig,
                      MAReMaxTrainer, MARLOOConfig, MARLOOTrainer)
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig",
+__all__ = ["IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer", "MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig",
            "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer"]

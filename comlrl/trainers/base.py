@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..config import MAGRPOConfig, PolicyConfig
+from ..config import MAGRPOConfig
 from ..errors import ConfigError
 from ..losses import loss_weights, policy_loss
 from ..models import check_vocab, copy_model
@@ -49,6 +49,7 @@ class MultiAgentTrainer:
     """
 
     config_class = MAGRPOConfig
+    config_base: type = MAGRPOConfig  # every config this trainer accepts derives from it
     fixed_advantage_mode: str | None = None
 
     def __init__(
@@ -85,6 +86,7 @@ class MultiAgentTrainer:
         fmts = build_formatters(formatters, self.num_agents)
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
         groups = source_groups(sources) if share else list(range(self.num_agents))
+        self.prepare_models(sources, models, peft_config)
         wrapped = build_lora_team(models, groups, peft_config) if peft_config is not None else [(m, None) for m in models]
         self.agents = []
         for i, ((m, adapter), tok, fmt, chat) in enumerate(zip(wrapped, tokenizers, fmts, chats)):
@@ -110,8 +112,11 @@ class MultiAgentTrainer:
         self.tracker: Tracker | None = None  # metrics.jsonl + report_to sinks, opened on first log
 
     # ------------------------------------------------------------------ setup helpers
+    def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
+        """Hook: called with the loaded models before LoRA wrapping (critics copy their bases here)."""
+
     def _check_args(self) -> None:
-        if not isinstance(self.args, PolicyConfig):
+        if not isinstance(self.args, self.config_base):
             raise ConfigError(f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}.")
         fixed = self.fixed_advantage_mode
         if fixed is not None and getattr(self.args, "advantage_mode", fixed) != fixed:

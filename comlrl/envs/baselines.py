@@ -1,0 +1,153 @@
+"""Evaluation baselines for the built-in tasks, written against an abstract generator.
+
+``generate(agent_index, prompts) -> completions`` produces one completion per prompt with agent
+``agent_index``'s model (so the baselines need no trainer). Modes:
+
+* ``single``: agent 0 alone writes the whole team answer from a single-agent prompt (both parts with a
+  marker line for writing; the whole program for code); ``env.split_single`` splits it into the roles.
+* ``parallel``: every agent answers its own prompt independently; the answers are combined as usual.
+* ``sequential``: a pipeline; agent k's prompt also shows the answers of agents 0..k-1.
+* ``discussion``: one round; agents answer in parallel, then each sees the others' first answers and
+  revises its own; the revisions are scored.
+
+``run_baseline`` returns the environment's evaluation metrics (``reward/mean``, per-level means,
+``pass@1`` for code, ...) plus ``tokens/per_task`` (tokens generated per task, over all calls;
+whitespace tokens unless ``count_tokens`` is given) and ``num_tasks``. ``format_table`` renders
+several results as a markdown table.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .base import Env
+
+Generate = Callable[[int, list[str]], list[str]]
+MODES = ("single", "parallel", "sequential", "discussion")
+_FIRST_COLUMNS = ("reward/mean", "pass@1", "aux/usage_rate")
+
+
+class _Generator:
+    """Calls ``generate`` and counts the tokens of what it returns."""
+
+    def __init__(self, generate: Generate, count_tokens: Callable[[str], int] | None) -> None:
+        self.generate = generate
+        self.count = count_tokens or (lambda text: len(text.split()))
+        self.tokens = 0
+
+    def __call__(self, agent: int, prompts: list[str]) -> list[str]:
+        out = list(self.generate(agent, prompts))
+        if len(out) != len(prompts):
+            raise ValueError(f"generate(agent {agent}) returned {len(out)} completions for {len(prompts)} prompts.")
+        for i, text in enumerate(out):
+            if not isinstance(text, str):
+                raise TypeError(f"generate(agent {agent}) returned {type(text).__name__} for prompt {i}, expected str.")
+        self.tokens += sum(self.count(t) for t in out)
+        return out
+
+
+def sequential_prompt(prompt: str, previous: list[tuple[int, str, str]]) -> str:
+    """``prompt`` plus the earlier agents' answers: ``previous`` holds (agent index, role, answer)."""
+    shown = "\n\n".join(
+        f"Teammate (agent {k + 1}, who wrote {role}) answered:\n{answer.strip()}" for k, role, answer in previous
+    )
+    return f"{prompt.rstrip()}\n\n{shown}\n\nWrite your own part so that it fits with your teammates' answers."
+
+
+def discussion_prompt(prompt: str, own: str, others: list[tuple[int, str, str]], role: str) -> str:
+    """``prompt`` plus the agent's first answer and the other agents' first answers, asking for a revision."""
+    shown = "\n\n".join(f"Agent {k + 1} (writing {r}) drafted:\n{answer.strip()}" for k, r, answer in others)
+    return (
+        f"{prompt.rstrip()}\n\nYour first draft:\n{own.strip()}\n\n{shown}\n\n"
+        f"Considering your teammates' drafts, write the final version of your part ({role}). Reply with only your part."
+    )
+
+
+def _formatted(env: Env, rows: list[dict]) -> list[list[str]]:
+    return [[fmt(r) for r in rows] for fmt in env.formatters()]
+
+
+def _parallel(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
+    return [gen(i, prompts) for i, prompts in enumerate(_formatted(env, rows))]
+
+
+def _sequential(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
+    roles, answers = env.roles(), []
+    for i, prompts in enumerate(_formatted(env, rows)):
+        shown = [
+            sequential_prompt(p, [(k, roles[k], answers[k][j]) for k in range(i)]) if i else p
+            for j, p in enumerate(prompts)
+        ]
+        answers.append(gen(i, shown))
+    return answers
+
+
+def _discussion(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
+    roles, prompts = env.roles(), _formatted(env, rows)
+    first = [gen(i, p) for i, p in enumerate(prompts)]
+    final = []
+    for i in range(env.num_agents):
+        revised = [
+            discussion_prompt(
+                prompts[i][j],
+                first[i][j],
+                [(k, roles[k], first[k][j]) for k in range(env.num_agents) if k != i],
+                roles[i],
+            )
+            for j in range(len(rows))
+        ]
+        final.append(gen(i, revised))
+    return final
+
+
+def _single(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
+    answers = gen(0, [env.single_formatter()(r) for r in rows])
+    split = [env.split_single(a, r) for a, r in zip(answers, rows)]
+    return [[parts[i] for parts in split] for i in range(env.num_agents)]
+
+
+def run_baseline(
+    env: Env, mode: str, generate: Generate, rows: Sequence[dict], *, count_tokens: Callable[[str], int] | None = None
+) -> dict[str, float]:
+    """Run baseline ``mode`` on ``rows`` and return ``env.evaluate`` metrics + ``tokens/per_task``, ``num_tasks``."""
+    runners = {"single": _single, "parallel": _parallel, "sequential": _sequential, "discussion": _discussion}
+    if mode not in runners:
+        raise ValueError(f"unknown baseline mode '{mode}'; choose one of {', '.join(MODES)}.")
+    rows = [dict(r) for r in rows]
+    if not rows:
+        raise ValueError("run_baseline: no rows to evaluate.")
+    gen = _Generator(generate, count_tokens)
+    per_agent = runners[mode](env, gen, rows)
+    metrics = env.evaluate(per_agent, rows)
+    metrics["tokens/per_task"] = gen.tokens / len(rows)
+    metrics["num_tasks"] = float(len(rows))
+    return metrics
+
+
+def format_table(results: dict[str, dict[str, float]], columns: Sequence[str] | None = None) -> str:
+    """A markdown table: one row per result (e.g. per mode), one column per metric.
+
+    Default columns: ``reward/mean``, ``pass@1``, ``aux/usage_rate`` (when present), the ``level/*``
+    metrics, then ``tokens/per_task``.
+    """
+    if not results:
+        return ""
+    keys = [k for r in results.values() for k in r]
+    if columns is None:
+        present = list(dict.fromkeys(keys))
+        columns = [c for c in _FIRST_COLUMNS if c in present]
+        columns += [k for k in present if k.startswith("level/")]
+        columns += [k for k in ("tokens/per_task",) if k in present]
+    header = "| baseline | " + " | ".join(columns) + " |"
+    rule = "|---|" + "|".join("---:" for _ in columns) + "|"
+    lines = [header, rule]
+    for name, metrics in results.items():
+        cells = [_cell(metrics.get(c)) for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3f}"

@@ -1,0 +1,220 @@
+"""Actor-critic trainers: IAC (a critic per agent) and MAAC (one centralized critic).
+
+The rollout, rewards, policy loss, logging and checkpoints are the REINFORCE-family loop's; only the
+advantage estimate differs: advantage = GAE/TD target - V(h), with V from *before* the critic update.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..advantages import normalize, tree_gae
+from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
+from ..critic import ValueModel, encode_texts, joint_action_text, joint_state_text
+from ..errors import ConfigError
+from ..losses import value_loss
+from ..models import copy_model, load_model, load_tokenizer
+from ..team import active_adapter
+from .base import MultiAgentTrainer
+from .episode import Episode, joint_indices
+from .setup import build_optimizer
+
+
+@dataclass
+class Critic:
+    """A value model, its tokenizer and optimizer; ``reads`` says whose prompts it sees (agent index or None=all)."""
+
+    model: ValueModel
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    reads: int | None
+    adapter: str | None = None  # the actor's adapter to activate when the head sits on a shared LoRA backbone
+
+
+@dataclass
+class CriticBatch:
+    """Critic inputs of one rollout with the values before the update and the regression targets."""
+
+    ids: torch.Tensor  # (K, T) left-padded texts: nodes (V) or joint actions (Q)
+    mask: torch.Tensor
+    old_values: torch.Tensor  # (K,)
+    targets: torch.Tensor  # (K, G) for V (one node, G targets) or (K, 1) for Q
+
+
+class ActorCriticTrainer(MultiAgentTrainer):
+    """Shared machinery of IAC and MAAC. Extra arguments: ``critic`` (model source or object for the
+    separate critic(s); default: ``critic_model`` or a copy of the actor's initial model) and ``critic_tokenizer``."""
+
+    config_class = ActorCriticConfig
+    config_base = ActorCriticConfig
+    centralized = False
+
+    def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
+        self._critic_source, self._critic_tokenizer = critic, critic_tokenizer
+        self._critic_batches: list[list[CriticBatch]] = []
+        super().__init__(*args, **kwargs)
+        self._build_optimizers()
+
+    # ------------------------------------------------------------------ construction
+    def _check_args(self) -> None:
+        if not isinstance(self.args, self.config_class):
+            raise ConfigError(f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}.")
+        super()._check_args()
+
+    def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
+        """Build the critics' backbones from the actors' *initial* models (before any LoRA wrapping)."""
+        reads = [None] if self.centralized else list(range(len(models)))
+        self.critics_spec = []
+        for r in reads:
+            i = 0 if r is None else r
+            if not self.args.use_separate_critic:
+                self.critics_spec.append((None, None, r))
+                continue
+            src = self._critic_source if self._critic_source is not None else self.args.critic_model
+            if src is None:
+                backbone, tok_src = copy_model(models[i]), sources[i]
+            else:
+                backbone = copy_model(src) if hasattr(src, "parameters") else load_model(src)
+                tok_src = src
+            tok = load_tokenizer(self._critic_tokenizer) if self._critic_tokenizer is not None else None
+            if tok is None:
+                tok = load_tokenizer(tok_src) if isinstance(tok_src, str) else None
+            if peft_config is not None:
+                from peft import get_peft_model
+                import copy as _copy
+
+                backbone = get_peft_model(backbone, _copy.deepcopy(peft_config))
+            self.critics_spec.append((backbone, tok, r))
+
+    def _build_optimizers(self) -> None:
+        self.critics: list[Critic] = []
+        updates = self.total_steps // self.args.gradient_accumulation_steps + 1
+        for backbone, tok, r in self.critics_spec:
+            agent = self.agents[0 if r is None else r]
+            if backbone is None:  # value head on the actor's backbone (features detached)
+                model = ValueModel(agent.model, detach_backbone=True)
+            else:
+                model = ValueModel(backbone)
+            model.to(self.device)
+            tok = tok or agent.tokenizer
+            if tok.pad_token_id is None:
+                tok.pad_token = tok.eos_token
+            opt, sched = build_optimizer(model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates)
+            self.critics.append(Critic(model, tok, opt, sched, r, agent.adapter if backbone is None else None))
+        del self.critics_spec
+
+    # ------------------------------------------------------------------ advantages
+    def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
+        """advantages[agent][turn] = GAE target - V(h), from each agent's critic (IAC) or the shared one (MAAC)."""
+        a = self.args
+        rewards = [t.rewards if a.reward_clip is None else t.rewards.clamp(-a.reward_clip, a.reward_clip) for t in episode.turns]
+        children = [t.children for t in episode.turns]
+        per_critic, batches = [], []
+        for c, critic in enumerate(self.critics):
+            node_values, batch = self._values(critic, episode)
+            adv, targets = tree_gae(rewards, node_values, children, a.discount, a.gae_lambda)
+            per_critic.append([x.reshape(-1) for x in adv])
+            q = a.critic_type == "q"
+            batch.targets = torch.cat([t.reshape(-1, 1) if q else t for t in targets])
+            batches.append(batch)
+            metrics[f"critic/{c}/value_mean"] = float(batch.old_values.mean())
+            metrics[f"critic/{c}/target_mean"] = float(batch.targets.mean())
+        self._critic_batches.append(batches)
+        out = []
+        for i in range(self.num_agents):
+            adv = per_critic[0 if self.centralized else i]
+            if a.normalize_advantages:
+                flat = normalize(torch.cat(adv))
+                adv = list(torch.split(flat, [x.numel() for x in adv]))
+            out.append(adv)
+        return out
+
+    def _critic_texts(self, critic: Critic, episode: Episode) -> list[list[str]]:
+        """Texts per turn: one per node (V) or one per joint action (Q)."""
+        g = self.args.num_generations
+        texts = []
+        for turn in episode.turns:
+            if self.args.critic_type == "q":
+                combos = joint_indices(self.num_agents, g, "align")
+                texts.append([joint_action_text(nd.prompts, [turn.samples[i].texts[m * g + c[i]] for i in range(self.num_agents)])
+                              for m, nd in enumerate(turn.nodes) for c in combos])
+            elif critic.reads is None:
+                texts.append([joint_state_text(nd.prompts) for nd in turn.nodes])
+            else:
+                texts.append([nd.prompts[critic.reads] for nd in turn.nodes])
+        return texts
+
+    @torch.no_grad()
+    def _values(self, critic: Critic, episode: Episode) -> tuple[list[torch.Tensor], CriticBatch]:
+        """V(node) per turn (mean of Q over the node's joint actions for a Q critic) and the critic's batch."""
+        texts = self._critic_texts(critic, episode)
+        flat = [t for turn in texts for t in turn]
+        ids, mask = encode_texts(critic.tokenizer, flat, self.args.max_prompt_length)
+        values = self._forward_values(critic, ids, mask).cpu()
+        per_turn = list(torch.split(values, [len(t) for t in texts]))
+        if self.args.critic_type == "q":
+            per_turn = [v.view(-1, self.args.num_generations).mean(dim=-1) for v in per_turn]
+        return per_turn, CriticBatch(ids, mask, values, torch.empty(0))
+
+    def _forward_values(self, critic: Critic, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        chunk = self.args.forward_batch_size or ids.shape[0]
+        outs = []
+        with active_adapter(critic.model.backbone, critic.adapter):
+            for lo in range(0, ids.shape[0], chunk):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                    outs.append(critic.model(ids[lo:lo + chunk].to(self.device), mask[lo:lo + chunk].to(self.device)))
+        return torch.cat(outs)
+
+    # ------------------------------------------------------------------ update
+    def optimize(self, buffer: list) -> dict[str, float]:
+        """Actor updates (the shared loop), then one update per critic over the buffered rollouts."""
+        metrics = super().optimize(buffer)
+        start = time.perf_counter()
+        for c, critic in enumerate(self.critics):
+            batches = [b[c] for b in self._critic_batches]
+            metrics[f"critic/{c}/value_loss"] = self._update_critic(critic, batches)
+        metrics["time/critic_update"] = time.perf_counter() - start
+        self._critic_batches = []
+        return metrics
+
+    def _update_critic(self, critic: Critic, batches: list[CriticBatch]) -> float:
+        """One optimizer step on the MSE (optionally clipped) between V and the targets; returns the mean loss."""
+        critic.model.train()
+        critic.optimizer.zero_grad(set_to_none=True)
+        total = sum(b.ids.shape[0] for b in batches)
+        chunk = self.args.forward_batch_size or max(total, 1)
+        loss_sum = 0.0
+        for b in batches:
+            for lo in range(0, b.ids.shape[0], chunk):
+                sl = slice(lo, lo + chunk)
+                v = self._forward_values(critic, b.ids[sl], b.mask[sl])
+                old, tgt = b.old_values[sl].to(self.device).unsqueeze(-1), b.targets[sl].to(self.device)
+                loss = value_loss(v.unsqueeze(-1), old, tgt, self.args.value_clip) * (v.shape[0] / total)
+                loss.backward()
+                loss_sum += float(loss.detach())
+        params = critic.model.trainable_parameters()
+        if self.args.critic_max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, self.args.critic_max_grad_norm)
+        critic.optimizer.step()
+        critic.scheduler.step()
+        critic.optimizer.zero_grad(set_to_none=True)
+        return loss_sum
+
+
+class IACTrainer(ActorCriticTrainer):
+    """Independent actor-critic: agent i's critic reads agent i's prompt only."""
+
+    config_class = IACConfig
+    centralized = False
+
+
+class MAACTrainer(ActorCriticTrainer):
+    """Multi-agent actor-critic: one centralized critic reads every agent's prompt (V) or prompts + joint action (Q)."""
+
+    config_class = MAACConfig
+    centralized = True

@@ -1,0 +1,103 @@
+"""Evaluation baselines with a fake, deterministic generator: prompt wiring, scoring and the table."""
+
+import pytest
+
+import comlrl.envs as envs
+from comlrl.envs.baselines import format_table, run_baseline
+from comlrl.envs.writing import MARKER, TLDR_TIERS, score_writing
+
+CONCISE = "aaaa bbbb cccc dddd eeee ffff gggg hhhhh"  # 8 tokens, 40 characters
+DETAILED = "iiii jjjj kkkk llll mmmm nnnn oooo pppp qqqq rrrr ssss"  # 11 tokens, 54 characters
+ROWS = [{"prompt": "SUBREDDIT: r/test\n\nTITLE: one\n\nPOST: first post"}, {"prompt": "POST: second post"}]
+
+
+class FakeGenerator:
+    """Agent 0 always answers CONCISE, agent 1 DETAILED; single mode answers both parts with the marker."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, agent, prompts):
+        self.calls.append((agent, list(prompts)))
+        if MARKER in prompts[0] and "Write two summaries" in prompts[0]:
+            return [f"{CONCISE}\n{MARKER}\n{DETAILED}"] * len(prompts)
+        return [CONCISE if agent == 0 else DETAILED] * len(prompts)
+
+
+EXPECTED = score_writing(CONCISE, DETAILED, TLDR_TIERS)["reward"]  # 0.5 + 0.5 + 0.5 * 0.075 / 0.7
+
+
+@pytest.mark.parametrize(
+    "mode, n_calls, tokens", [("single", 1, 22), ("parallel", 2, 19), ("sequential", 2, 19), ("discussion", 4, 38)]
+)
+def test_modes_score_the_same_answers(mode, n_calls, tokens):
+    gen = FakeGenerator()
+    out = run_baseline(envs.make("tldr"), mode, gen, ROWS)
+    assert out["reward/mean"] == pytest.approx(EXPECTED)
+    assert len(gen.calls) == n_calls and out["num_tasks"] == 2
+    assert out["tokens/per_task"] == tokens  # whitespace tokens per task over all calls (the marker line counts 3)
+    assert out["level/length"] == pytest.approx(0.5)
+
+
+def test_prompt_wiring():
+    env = envs.make("tldr")
+    concise_fmt, detailed_fmt = env.formatters()
+
+    gen = FakeGenerator()
+    run_baseline(env, "single", gen, ROWS)
+    [(agent, prompts)] = gen.calls
+    assert agent == 0 and prompts == [env.single_formatter()(r) for r in ROWS] and MARKER in prompts[0]
+
+    gen = FakeGenerator()
+    run_baseline(env, "parallel", gen, ROWS)
+    assert gen.calls == [(0, [concise_fmt(r) for r in ROWS]), (1, [detailed_fmt(r) for r in ROWS])]
+
+    gen = FakeGenerator()
+    run_baseline(env, "sequential", gen, ROWS)
+    (a0, p0), (a1, p1) = gen.calls
+    assert (a0, a1) == (0, 1) and p0 == [concise_fmt(r) for r in ROWS]
+    assert p1[0].startswith(detailed_fmt(ROWS[0])) and CONCISE in p1[0] and "agent 1" in p1[0]
+
+    gen = FakeGenerator()
+    run_baseline(env, "discussion", gen, ROWS)
+    first0, first1, second0, second1 = gen.calls
+    assert first0 == (0, [concise_fmt(r) for r in ROWS]) and first1 == (1, [detailed_fmt(r) for r in ROWS])
+    assert second0[0] == 0 and "Your first draft:\n" + CONCISE in second0[1][0] and DETAILED in second0[1][0]
+    assert second1[0] == 1 and "Your first draft:\n" + DETAILED in second1[1][0] and CONCISE in second1[1][0]
+
+
+def test_custom_token_counter_and_errors():
+    out = run_baseline(envs.make("tldr"), "parallel", FakeGenerator(), ROWS, count_tokens=len)
+    assert out["tokens/per_task"] == 40 + 54
+    with pytest.raises(ValueError, match="unknown baseline mode 'debate'"):
+        run_baseline(envs.make("tldr"), "debate", FakeGenerator(), ROWS)
+    with pytest.raises(ValueError, match="returned 1 completions for 2 prompts"):
+        run_baseline(envs.make("tldr"), "parallel", lambda agent, prompts: ["x"], ROWS)
+
+
+def test_code_single_mode_splits_aux_out():
+    row = {
+        "task_id": "toy",
+        "prompt": 'def double(x):\n    """Twice x."""\n',
+        "entry_point": "double",
+        "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n",
+    }
+    program = "```python\ndef aux(x):\n    return x + x\n\ndef double(x):\n    y = aux(x)\n    return y\n```"
+    out = run_baseline(envs.make("humaneval"), "single", lambda agent, prompts: [program] * len(prompts), [row])
+    assert out["pass@1"] == 1.0 and out["level/aux_defined"] == 1.0 and out["aux/usage_rate"] == 1.0
+    assert out["reward/mean"] == pytest.approx(3.0)  # r = aux(x); return r is a trivial wrapper: no +1.0
+
+
+def test_format_table():
+    results = {
+        "single": {"reward/mean": 1.25, "pass@1": 0.5, "level/tests": 0.75, "tokens/per_task": 120.0},
+        "parallel": {"reward/mean": 2.0, "pass@1": 1.0, "level/tests": 1.0, "tokens/per_task": 80.5},
+    }
+    table = format_table(results)
+    assert table.splitlines() == [
+        "| baseline | reward/mean | pass@1 | level/tests | tokens/per_task |",
+        "|---|---:|---:|---:|---:|",
+        "| single | 1.250 | 0.500 | 0.750 | 120.0 |",
+        "| parallel | 2.000 | 1.000 | 1.000 | 80.5 |",
+    ]
+    assert format_table({"a": {"x": 1.0}}, columns=["x", "y"]).splitlines()[-1] == "| a | 1.000 | - |"
