@@ -258,14 +258,18 @@ class MultiAgentTrainer:
     # ------------------------------------------------------------------ update
     def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
         """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {"time/loss": 0.0, "time/optimizer": 0.0}
         for agent in self.agents:
             batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
             weights = loss_weights([s.completion_mask for s, _ in batches], self.args.loss_type)
             cache: dict[tuple[int, int], torch.Tensor] = {}
             for it in range(self.args.num_iterations):
+                start = time.perf_counter()
                 sums = self._accumulate_agent(agent, batches, weights, cache, it)
+                mid = time.perf_counter()
                 norm = self._optimizer_step(agent)
+                metrics["time/loss"] += mid - start
+                metrics["time/optimizer"] += time.perf_counter() - mid
                 if it == 0:
                     first = dict(sums, grad_norm=norm)
             pre = f"agent/{agent.index}/"
