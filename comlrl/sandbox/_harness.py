@@ -1,30 +1,34 @@
 """Test harness that runs inside the sandbox child process (never imported by the trainer).
 
-Started as ``python -I _harness.py PAYLOAD_FD RESULT_FD``. It reads its job (program, tests,
-limits, nonce) from PAYLOAD_FD, isolates itself (namespaces, mounts, unprivileged uid,
-rlimits), runs the program and its tests, and streams one JSON record per line to
-RESULT_FD. Every record carries the nonce so the parent can tell harness records from
-anything the untrusted program writes. Standard library only: this file runs as a script.
+Started as ``python -I -S _harness.py PAYLOAD_FD RESULT_FD``. It reads its job (program,
+tests, limits, nonce; marshal format, written by the trainer) from PAYLOAD_FD, isolates
+itself (namespaces, mounts, unprivileged uid, rlimits), runs the program and its tests, and
+streams one JSON record per line to RESULT_FD. Every record carries the nonce so the
+parent can tell harness records from anything the untrusted program writes. Standard
+library only: this file runs as a script, and it avoids heavy imports (json, re,
+traceback) on the common path to start fast.
 
-Process layout in namespace mode (``ns-root`` / ``ns-user``)::
+Modes: ``ns-root`` (root: namespaces + a sandbox uid), ``ns-user`` (unprivileged user
+namespace), ``uid`` (root without namespaces: only the sandbox uid) and ``plain``
+(rlimits only). Process layout in the namespace modes::
 
     relay (the Popen child, outside the new pid namespace)
       └─ init (pid 1 of the new pid namespace; mounts, reaps, reports the exit status)
            └─ worker (drops privileges, sets rlimits, runs untrusted code)
 
 When init exits the kernel kills every process left in the namespace, so nothing the
-program spawned can outlive the run. In ``plain`` mode the relay is the worker.
+program spawned can outlive the run. Without namespaces the relay is the worker.
 """
 
 from __future__ import annotations
 
+import _json
 import ctypes
-import json
+import marshal
 import os
 import signal
 import stat
 import sys
-import traceback
 import types
 
 PROGRAM_MODULE = "__sandbox_program__"
@@ -57,35 +61,68 @@ MOUNT_OPTION_FLAGS = {
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
+Emit = "Callable[..., None]"  # annotation only (typing is not imported, to start fast)
 
 
 class TestTimeout(BaseException):
     """Raised by the per-test alarm; a BaseException so ``except Exception`` does not eat it."""
 
 
-class Reporter:
-    """Writes nonce-tagged JSON records to the result descriptor."""
+def _make_encoder():  # noqa: ANN202
+    encode_str = _json.encode_basestring_ascii
 
-    def __init__(self, fd: int, nonce: str) -> None:
-        self.fd = fd
-        self.nonce = nonce
+    def to_json(value: object) -> str:
+        """Minimal JSON encoder (str, int, float, bool, None, list, dict); no json import."""
+        if isinstance(value, str):
+            return encode_str(value)
+        if value is None or isinstance(value, bool):
+            return {None: "null", True: "true", False: "false"}[value]
+        if isinstance(value, (int, float)):
+            return repr(value) if value == value and abs(value) != float("inf") else "null"
+        if isinstance(value, (list, tuple)):
+            return "[" + ",".join(to_json(v) for v in value) + "]"
+        if isinstance(value, dict):
+            return "{" + ",".join(f"{to_json(str(k))}:{to_json(v)}" for k, v in value.items()) + "}"
+        return to_json(str(value))
 
-    def emit(self, kind: str, **fields: object) -> None:
-        record = dict(fields, type=kind, nonce=self.nonce)
-        data = (json.dumps(record) + "\n").encode()
+    return to_json
+
+
+# The program runs in this interpreter and can rebind module globals and builtins, so the
+# reporting path keeps its own references (closures, default arguments), taken at import.
+to_json = _make_encoder()
+
+
+def make_emitter(fd: int, nonce: str, _write=os.write, _encode=to_json):  # noqa: ANN001, ANN201
+    """A function writing nonce-tagged JSON records, one per line, to the result fd."""
+
+    def emit(kind: str, **fields: object) -> None:
+        record = dict(fields, type=kind, nonce=nonce)
+        data = (_encode(record) + "\n").encode()
         try:
             while data:
-                data = data[os.write(self.fd, data):]
+                data = data[_write(fd, data):]
         except OSError:
             pass  # the program closed our descriptor: its tests simply go unreported
+
+    return emit
 
 
 def clip(text: str) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "..."
 
 
+def text_of(exc: BaseException) -> str:
+    """str(exc), which runs program code and so may itself raise."""
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001
+        return "<unprintable exception>"
+
+
 def describe(exc: BaseException) -> str:
-    return clip(f"{type(exc).__name__}: {exc}")
+    text = text_of(exc)
+    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 # --------------------------------------------------------------------------- isolation
@@ -104,13 +141,26 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            f"mount {fstype or source} on {target}")
 
 
+def _unescape_octal(field: str) -> str:
+    """Undo mountinfo's escapes (space is \\040, newline \\012, ...)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
 def _mountinfo() -> list[tuple[str, int]]:
     """Mount points of this namespace with their per-mount flags (for read-only remounts)."""
     out = []
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             parts = line.split()
-            point = parts[4].encode().decode("unicode_escape")  # octal escapes such as \040
+            point = _unescape_octal(parts[4])
             flags = 0
             for opt in parts[5].split(","):
                 flags |= MOUNT_OPTION_FLAGS.get(opt, 0)
@@ -132,67 +182,78 @@ def _tmpfs(target: str, size_mb: int, mode: str, uid: int | None) -> None:
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_mb}m,mode={mode}{owner}")
 
 
-def _blocked_ancestor(paths: list[str]) -> tuple[str, set[str]] | None:
-    """First directory on the way to ``paths`` that other users cannot traverse, and the
-    child entries of it that must stay reachable."""
+def _blocked_ancestor(paths: list[str]) -> str | None:
+    """First directory on the way to ``paths`` that other users cannot traverse."""
     for path in paths:
         parts = path.strip("/").split("/")
         for depth in range(len(parts)):
             anc = "/" + "/".join(parts[:depth])
             if not os.stat(anc).st_mode & stat.S_IXOTH:
-                prefix = anc.rstrip("/") + "/"
-                children = {p[len(prefix):].split("/")[0] for p in paths if p.startswith(prefix)}
-                return anc, children
+                return anc
     return None
 
 
+def _cover(directory: str, keep: list[str], size_mb: int, mode: str, uid: int | None = None,
+           readonly: bool = False) -> None:
+    """Mount a fresh tmpfs over ``directory``, with read-only bind mounts of the entries that
+    lead to the ``keep`` paths below it (so the interpreter stays reachable)."""
+    prefix = directory.rstrip("/") + "/"
+    children = {p[len(prefix):].split("/")[0] for p in keep if p.startswith(prefix)}
+    fds = {c: os.open(prefix + c, os.O_PATH) for c in sorted(children)}  # before they vanish
+    _tmpfs(directory, size_mb, mode, uid)
+    for child, fd in fds.items():
+        target = prefix + child
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.mkdir(target)
+        else:
+            open(target, "w").close()
+        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        os.close(fd)
+    if readonly:
+        _mount(None, directory, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
 def _expose_interpreter(paths: list[str]) -> None:
-    """Make the interpreter's import path reachable for the unprivileged uid.
+    """Make the interpreter's files reachable for the unprivileged sandbox uid.
 
     A directory such as /root (mode 0700) on the way to the interpreter is covered with a
     read-only tmpfs holding only bind mounts of the needed entries, which also hides the
     rest of it (keys, tokens) from the program."""
     for _ in range(16):
-        found = _blocked_ancestor(paths)
-        if found is None:
+        anc = _blocked_ancestor(paths)
+        if anc is None:
             return
-        anc, children = found
         if anc == "/":
             raise OSError("the root directory is not traversable; cannot expose the interpreter")
-        fds = {c: os.open(os.path.join(anc, c), os.O_PATH) for c in children}
-        _tmpfs(anc, 1, "0755", None)
-        for child, fd in fds.items():
-            target = os.path.join(anc, child)
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                os.mkdir(target)
-            else:
-                open(target, "w").close()
-            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-            os.close(fd)
-        _mount(None, anc, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _cover(anc, paths, 1, "0755", readonly=True)
     raise OSError(f"could not expose interpreter paths {paths}")
+
+
+def _interpreter_paths() -> list[str]:
+    """Everything the worker's Python needs to reach: import path and executable."""
+    paths = [p for p in sys.path if p and os.path.exists(p)] + [sys.executable]
+    return sorted({q for p in paths for q in (os.path.abspath(p), os.path.realpath(p))})
 
 
 def _setup_mounts(cfg: dict) -> None:
     """Private, read-only view of the file system with fresh tmpfs scratch space."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below may propagate to the host
     _remount_all_readonly()
-    size, uid = cfg["disk_mb"], cfg["uid"]
+    size, uid, workdir = cfg["disk_mb"], cfg["uid"], cfg["workdir"]
+    needed = _interpreter_paths()
     for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(scratch) and not os.path.islink(scratch):
-            _tmpfs(scratch, size, "1777", None)
-    workdir = cfg["workdir"]
+            _cover(scratch, needed, size, "1777")  # e.g. a virtualenv in /tmp stays visible
     os.makedirs(workdir, exist_ok=True)
     _tmpfs(workdir, size, "0700", uid)
     if uid is not None:
-        paths = [os.path.realpath(p) for p in sys.path if p and os.path.exists(p)]
-        _expose_interpreter(sorted(set(paths)))
+        _expose_interpreter(needed + [workdir])
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def _write_id_maps() -> None:
-    uid, gid = os.getuid(), os.getgid()
+def _write_id_maps(uid: int, gid: int) -> None:
+    """Map our own uid/gid into the new user namespace (unmapped ids cannot create files)."""
     with open("/proc/self/setgroups", "w") as fh:
         fh.write("deny")
     with open("/proc/self/uid_map", "w") as fh:
@@ -212,14 +273,20 @@ def _relay(child: int) -> None:
     os._exit(_exit_code(status))
 
 
-def _init(worker: int, rep: Reporter) -> None:
+def _init(worker: int, emit: Emit) -> None:
     """Pid 1: reap everything; when the worker ends, report how and exit (killing the rest)."""
     while True:
         pid, status, usage = os.wait4(-1, 0)
         if pid == worker:
-            rep.emit("exit", code=os.waitstatus_to_exitcode(status),
-                     cpu=usage.ru_utime + usage.ru_stime)
+            emit("exit", code=os.waitstatus_to_exitcode(status),
+                 cpu=usage.ru_utime + usage.ru_stime)
             os._exit(_exit_code(status))
+
+
+def _die_with_parent() -> None:
+    prctl = getattr(_libc, "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _drop_capabilities() -> None:
@@ -237,30 +304,34 @@ def _drop_privileges(cfg: dict) -> None:
     else:
         _drop_capabilities()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _die_with_parent()  # a uid change cleared the earlier setting
 
 
-def isolate(cfg: dict, rep: Reporter) -> dict:
+def isolate(cfg: dict, emit: Emit) -> dict:
     """Enter the configured isolation; returns in the worker process only."""
     mode = cfg["mode"]
-    if mode == "plain":
+    if mode in ("plain", "uid"):  # no namespaces; "uid" still drops root for a sandbox uid
+        if mode == "uid":
+            _drop_privileges(cfg)
         return {"mode": mode, "netns": False, "pidns": False, "uid": os.getuid()}
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     if cfg["netns"]:
         flags |= CLONE_NEWNET
     if mode == "ns-user":
         flags |= CLONE_NEWUSER
+    uid, gid = os.getuid(), os.getgid()  # read before unsharing: unmapped ids read as 65534
     _check(_libc.unshare(flags), "unshare")
     if mode == "ns-user":
-        _write_id_maps()
+        _write_id_maps(uid, gid)
     child = os.fork()
     if child:
         _relay(child)
     # If the relay is killed (wall-clock timeout), pid 1 dies and takes the namespace with it.
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _die_with_parent()
     _setup_mounts(cfg)
     worker = os.fork()
     if worker:
-        _init(worker, rep)
+        _init(worker, emit)
     _drop_privileges(cfg)
     os.chdir(cfg["workdir"])
     return {"mode": mode, "netns": bool(cfg["netns"]), "pidns": True, "uid": os.getuid()}
@@ -292,39 +363,46 @@ def _alarm(_signum: int, _frame: object) -> None:
     raise TestTimeout()
 
 
-def _start_timer(seconds: float) -> None:
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+def _start_timer(seconds: float, _setitimer=signal.setitimer) -> None:  # noqa: ANN001
+    _setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
 
 
-def _stop_timer() -> None:
-    signal.setitimer(signal.ITIMER_REAL, 0)
+def _stop_timer(_setitimer=signal.setitimer) -> None:  # noqa: ANN001
+    _setitimer(signal.ITIMER_REAL, 0)
 
 
 def _failure_message(exc: BaseException, source: str) -> str:
-    if str(exc):
-        return clip(str(exc))
-    tb = traceback.extract_tb(exc.__traceback__)
-    frames = [f for f in tb if f.filename.startswith("<test")]
-    if frames and frames[-1].lineno:
-        lines = source.splitlines()
-        lineno = frames[-1].lineno
-        if 0 < lineno <= len(lines):
-            return clip(f"line {lineno}: {lines[lineno - 1].strip()}")
+    """The assertion message, or else the failing line of the test source."""
+    text = text_of(exc)
+    if text:
+        return clip(text)
+    # Walk the traceback by hand: importing `traceback` now would run import machinery
+    # the program may have tampered with.
+    lineno, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith("<test"):
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    lines = source.splitlines()
+    if lineno is not None and 0 < lineno <= len(lines):
+        return clip(f"line {lineno}: {lines[lineno - 1].strip()}")
     return clip(source.strip())
 
 
-def run_statement_test(index: int, source: str, namespace: dict, timeout: float) -> tuple[str, str]:
+def run_statement_test(index: int, source: str, namespace: dict, timeout: float,
+                       _compile=compile, _exec=exec, _start=_start_timer,  # noqa: ANN001
+                       _stop=_stop_timer) -> tuple[str, str]:  # noqa: ANN001
     """Run one assert statement / test block; returns (status, message)."""
     try:
-        code = compile(source, f"<test {index}>", "exec")
+        code = _compile(source, f"<test {index}>", "exec")
     except (SyntaxError, ValueError) as exc:
         return "error", describe(exc)
     try:
-        _start_timer(timeout)
+        _start(timeout)
         try:
-            exec(code, namespace)
+            _exec(code, namespace)
         finally:
-            _stop_timer()
+            _stop()
     except TestTimeout:
         return "timeout", f"test exceeded {timeout:g} s"
     except AssertionError as exc:
@@ -334,14 +412,16 @@ def run_statement_test(index: int, source: str, namespace: dict, timeout: float)
     return "passed", ""
 
 
-def run_asserts(tests: list[str] | str, namespace: dict, timeout: float, rep: Reporter) -> None:
+def run_asserts(tests: list[str] | str, namespace: dict, timeout: float, emit: Emit,
+                _run=run_statement_test) -> None:  # noqa: ANN001
+    """Run each assert statement (or the one test block) as its own test."""
     items = [("check", tests)] if isinstance(tests, str) else [
         (f"assert {i}", t) for i, t in enumerate(tests)]
-    rep.emit("plan", names=[name for name, _ in items])
+    emit("plan", names=[name for name, _ in items])
     for index, (name, source) in enumerate(items):
-        rep.emit("start", index=index)
-        status, message = run_statement_test(index, source, namespace, timeout)
-        rep.emit("test", index=index, name=name, status=status, message=message)
+        emit("start", index=index)
+        status, message = _run(index, source, namespace, timeout)
+        emit("test", index=index, name=name, status=status, message=message)
 
 
 def _test_case_classes(namespace: dict) -> list[type]:
@@ -358,9 +438,9 @@ def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never 
     class StreamingResult(unittest.TestResult):
         """Reports each test as it finishes and arms the per-test alarm around it."""
 
-        def __init__(self, rep: Reporter, index: dict, timeout: float) -> None:
+        def __init__(self, emit: Emit, index: dict, timeout: float) -> None:
             super().__init__()
-            self.rep, self.index, self.timeout = rep, index, timeout
+            self.emit, self.index, self.timeout = emit, index, timeout
             self.outcome: tuple[str, str] = ("passed", "")
             self.fixture_error = ""
             self.reported: set[str] = set()
@@ -371,7 +451,7 @@ def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never 
         def startTest(self, test):  # noqa: N802, ANN001, ANN201
             super().startTest(test)
             self.outcome = ("passed", "")
-            self.rep.emit("start", index=self.index.get(self._name(test), -1))
+            self.emit("start", index=self.index.get(self._name(test), -1))
             _start_timer(self.timeout)
 
         def stopTest(self, test):  # noqa: N802, ANN001, ANN201
@@ -379,7 +459,7 @@ def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never 
             name = self._name(test)
             self.reported.add(name)
             status, message = self.outcome
-            self.rep.emit("test", index=self.index.get(name, -1), name=name,
+            self.emit("test", index=self.index.get(name, -1), name=name,
                           status=status, message=message)
             super().stopTest(test)
 
@@ -388,7 +468,7 @@ def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never 
                 self.outcome = (status, clip(message))
 
         def addFailure(self, test, err):  # noqa: N802, ANN001, ANN201
-            self._set("failed", str(err[1]) or "assertion failed")
+            self._set("failed", text_of(err[1]) or "assertion failed")
 
         def addError(self, test, err):  # noqa: N802, ANN001, ANN201
             if not isinstance(test, unittest.TestCase):  # setUpClass / module fixture failed
@@ -412,16 +492,16 @@ def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never 
     return StreamingResult
 
 
-def run_unittests(namespace: dict, timeout: float, rep: Reporter) -> None:
+def run_unittests(namespace: dict, timeout: float, emit: Emit) -> None:
     """Run every TestCase class the program/test source defined, one record per method."""
     import unittest
 
     loader = unittest.TestLoader()
     classes = _test_case_classes(namespace)
     names = [f"{c.__name__}.{m}" for c in classes for m in loader.getTestCaseNames(c)]
-    rep.emit("plan", names=names)
+    emit("plan", names=names)
     index = {name: i for i, name in enumerate(names)}
-    result = _make_result_class()(rep, index, timeout)
+    result = _make_result_class()(emit, index, timeout)
     for cls in classes:
         result.fixture_error = ""
         try:
@@ -432,7 +512,7 @@ def run_unittests(namespace: dict, timeout: float, rep: Reporter) -> None:
             name = f"{cls.__name__}.{method}"
             if name not in result.reported:
                 status = "timeout" if "exceeded" in result.fixture_error else "error"
-                rep.emit("test", index=index[name], name=name, status=status,
+                emit("test", index=index[name], name=name, status=status,
                          message=result.fixture_error or "test did not run")
 
 
@@ -449,10 +529,23 @@ def load_source(source: str, filename: str, namespace: dict) -> tuple[str, str] 
     return None
 
 
-def run_job(cfg: dict, rep: Reporter) -> None:
-    module = types.ModuleType(PROGRAM_MODULE)
-    sys.modules[PROGRAM_MODULE] = module  # so pickling and unittest fixtures find it
-    namespace = module.__dict__
+def _testcase_guard():  # noqa: ANN202
+    """Snapshot of unittest.TestCase's attributes, restored before tests run, so a program
+    cannot simply neuter assertEqual and friends."""
+    import unittest
+
+    saved = dict(vars(unittest.TestCase))
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if vars(unittest.TestCase).get(name) is not value:
+                setattr(unittest.TestCase, name, value)
+
+    return restore
+
+
+def load_all(cfg: dict, namespace: dict) -> tuple[str, str] | None:
+    """Load program, setup code and (for unittest) the test module; (status, message) on failure."""
     failure = load_source(cfg["program"], "<program>", namespace)
     if failure is None and cfg["setup"]:
         failure = load_source(cfg["setup"], "<setup>", namespace)
@@ -462,24 +555,39 @@ def run_job(cfg: dict, rep: Reporter) -> None:
         failure = load_source(cfg["tests"], "<tests>", namespace)
         if failure is not None:
             failure = ("program_error", "tests failed to load: " + failure[1])
+    return failure
+
+
+def run_job(cfg: dict, emit: Emit) -> None:
+    """Load the program, run its tests, report everything, then emit "done"."""
+    unittest_kind = cfg["kind"] == "unittest"
+    restore = _testcase_guard() if unittest_kind else None
+    runner = run_unittests if unittest_kind else run_asserts  # taken before the program runs
+    set_handler, alarm = signal.signal, _alarm
+    module = types.ModuleType(PROGRAM_MODULE)
+    sys.modules[PROGRAM_MODULE] = module  # so pickling and unittest fixtures find it
+    namespace = module.__dict__
+    namespace["__file__"] = os.path.join(cfg["workdir"], "program.py")  # never written
+    failure = load_all(cfg, namespace)
     if failure is not None:
-        rep.emit("load", status=failure[0], message=failure[1])
+        emit("load", status=failure[0], message=failure[1])
         return
-    signal.signal(signal.SIGALRM, _alarm)
-    if cfg["kind"] == "unittest":
-        run_unittests(namespace, cfg["per_test_timeout"], rep)
+    set_handler(signal.SIGALRM, alarm)
+    if restore is not None:
+        restore()
+        runner(namespace, cfg["per_test_timeout"], emit)
     else:
-        run_asserts(cfg["tests"], namespace, cfg["per_test_timeout"], rep)
-    rep.emit("done")
+        runner(cfg["tests"], namespace, cfg["per_test_timeout"], emit)
+    emit("done")
 
 
-def probe(rep: Reporter) -> None:
+def probe(emit: Emit) -> None:
     """Check that the isolated worker can still import and write (used to pick a mode)."""
     import fractions  # noqa: F401  (a stdlib module nothing has imported yet)
 
     with open("probe.txt", "w") as fh:
         fh.write("ok")
-    rep.emit("done")
+    emit("done")
 
 
 def _read_all(fd: int) -> bytes:
@@ -502,22 +610,38 @@ def _flush_and_exit() -> None:
     os._exit(0)  # skip atexit handlers and non-daemon threads the program left behind
 
 
+def _install_site_builtins() -> None:
+    """exit() and quit(), which ``site`` would have added (programs do call them)."""
+    import _sitebuiltins
+    import builtins
+
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+
+
 def main() -> None:
     payload_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
-    cfg = json.loads(_read_all(payload_fd))
+    cfg = marshal.loads(_read_all(payload_fd))
+    # Started with -S (site's .pth processing costs ~25 ms); the trainer sends the paths.
+    sys.path.extend(p for p in cfg["site_paths"] if p not in sys.path)
+    _install_site_builtins()
     os.set_inheritable(result_fd, False)  # programs the code execs do not get the channel
-    rep = Reporter(result_fd, cfg.pop("nonce"))
+    emit = make_emitter(result_fd, cfg.pop("nonce"))
+    # If the trainer dies, so do we (and with us, in namespace mode, everything we started).
+    _die_with_parent()
+    if os.getppid() != cfg["parent_pid"]:
+        os._exit(4)  # the trainer died before the line above
     try:
-        info = isolate(cfg, rep)
+        info = isolate(cfg, emit)
         apply_limits(cfg)
     except Exception as exc:  # noqa: BLE001 - reported, then the run counts as crashed
-        rep.emit("setup_failed", message=describe(exc))
+        emit("setup_failed", message=describe(exc))
         os._exit(3)
-    rep.emit("hello", isolation=info)
+    emit("hello", isolation=info)
     if cfg.get("probe"):
-        probe(rep)
+        probe(emit)
     else:
-        run_job(cfg, rep)
+        run_job(cfg, emit)
     _flush_and_exit()
 
 

@@ -1,0 +1,34 @@
+"""Sandbox for model-written code: run a program and its tests in an isolated child process.
+
+Public API::
+
+    run_tests(program, tests, kind="asserts" | "unittest", setup="", limits=None, timeout=None)
+    run_many(jobs, max_workers=None, progress=False)
+    network_isolation_available()
+    isolation_mode()                 # "ns-root" | "ns-user" | "uid" | "plain"
+    static_test_count(tests, kind)   # tests requested, without running anything
+    SandboxLimits, SandboxResult, TestOutcome
+
+See docs/sandbox.md for what is isolated and how.
+"""
+
+from ._isolation import current_isolation, network_isolation_available
+from ._runner import run_many, run_tests, static_test_count
+from ._types import SandboxLimits, SandboxResult, TestOutcome
+
+
+def isolation_mode() -> str:
+    """The isolation mode used on this machine: "ns-root", "ns-user", "uid" or "plain"."""
+    return current_isolation().mode
+
+
+__all__ = [
+    "SandboxLimits",
+    "SandboxResult",
+    "TestOutcome",
+    "isolation_mode",
+    "network_isolation_available",
+    "run_many",
+    "run_tests",
+    "static_test_count",
+]
