@@ -112,6 +112,15 @@ class TrainConfig:
     save_total_limit: int | None = _help(2, "Keep at most this many checkpoints (None = all).")
     report_to: list = _help([], "Extra metric sinks: 'tensorboard', 'wandb' (used only when installed).")
     disable_tqdm: bool = _help(False, "Hide progress bars.")
+    # --- scale-out (torchrun; see docs/distributed.md) ---
+    placement: dict | None = _help(
+        None, "Under torchrun: agent index -> rank or list of ranks (its replicas; rows are split across them). "
+        "None: round-robin when ranks <= agents, else rank = replica * num_agents + agent."
+    )
+    dist_timeout: float = _help(
+        1800.0, "Under torchrun: seconds a process waits for the others at a collective before failing, so a dead "
+        "or hung rank stops the job instead of hanging it. Must exceed the slowest reward computation."
+    )
 
     def __post_init__(self) -> None:
         self._merge_alias("max_completion_length", "max_new_tokens", default=128)
@@ -129,6 +138,9 @@ class TrainConfig:
             (self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {SCHEDULERS}"),
             (self.forward_batch_size is None or self.forward_batch_size >= 1, "forward_batch_size", "must be >= 1"),
             (self.max_steps > 0 or self.num_train_epochs > 0, "max_steps", "set max_steps > 0 or num_train_epochs > 0"),
+            (self.dist_timeout > 0, "dist_timeout", "must be > 0 seconds"),
+            (self.placement is None or isinstance(self.placement, dict), "placement",
+             "must be a mapping agent index -> rank or list of ranks"),
         ]
         for ok, name, why in checks:
             if not ok:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+
+from .sampling import RowSeededSampler
 
 
 @dataclass
@@ -99,11 +101,14 @@ def generate(
     chat: bool | list[bool] = False,
     autocast_dtype: torch.dtype | None = None,
     adapter_names: list[str] | None = None,
+    row_seeds: list[int] | None = None,
 ) -> Samples:
     """Sample ``num_generations`` completions for every prompt in one batched ``generate`` call.
 
     ``chat`` and ``adapter_names`` may be given per prompt; adapter names route each row through
     its agent's LoRA adapter when several agents share one base model.
+    ``row_seeds`` (one per output row, prompt-major): sample row k from its own RNG stream, so its tokens do not
+    depend on the other rows of the batch (:mod:`comlrl.sampling`); None samples from the global RNG.
     """
     device = next(model.parameters()).device
     chats = chat if isinstance(chat, list) else [chat] * len(prompts)
@@ -115,7 +120,12 @@ def generate(
     prompt_ids, prompt_mask = left_pad(encoded, pad_id)
     stop = eos_ids(model, tokenizer)
     kwargs = dict(max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id, eos_token_id=stop, use_cache=True)
-    if settings.do_sample:
+    if settings.do_sample and row_seeds is not None:
+        if len(row_seeds) != len(encoded):
+            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {len(encoded)} rows")
+        sampler = RowSeededSampler(row_seeds, settings.temperature, settings.top_k, settings.top_p, device)
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([sampler]))
+    elif settings.do_sample:
         kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or None)
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

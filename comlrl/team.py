@@ -20,10 +20,14 @@ def adapter_name(agent: int) -> str:
     return f"agent_{agent}"
 
 
-def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_config: Any) -> list[tuple[Any, str]]:
+def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_config: Any,
+                    agents: list[int] | None = None, seeds: list[int] | None = None) -> list[tuple[Any, str]]:
     """Wrap models with LoRA adapters; agents with the same group id share one PeftModel.
 
     models[i]: agent i's base (agents of a group pass the same base); groups[i]: its sharing group.
+    agents: each model's agent index (default 0, 1, ...; a torchrun process holds only some agents).
+    seeds: seed the RNG before each adapter's random init, so an agent's adapter does not depend on which
+    other agents were built before it in this process.
     Returns (model, adapter name) per agent.
     """
     from peft import get_peft_model
@@ -31,8 +35,10 @@ def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_confi
     shared: dict[int, Any] = {}
     out = []
     for i, (model, group) in enumerate(zip(models, groups)):
-        name = adapter_name(i)
+        name = adapter_name(agents[i] if agents is not None else i)
         cfg = copy.deepcopy(peft_config)
+        if seeds is not None:
+            torch.manual_seed(seeds[i])
         if group not in shared:
             shared[group] = get_peft_model(model, cfg, adapter_name=name)
         else:

@@ -53,6 +53,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     config_class = ActorCriticConfig
     config_base = ActorCriticConfig
     centralized = False
+    supports_distributed = False  # critics are not placed / reduced across torchrun ranks yet
 
     def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
         self._critic_source, self._critic_tokenizer = critic, critic_tokenizer

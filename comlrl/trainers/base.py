@@ -16,11 +16,13 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed
 from ..config import MAGRPOConfig
 from ..errors import ConfigError
 from ..losses import loss_weights, policy_loss
 from ..models import check_vocab, copy_model
 from ..rollout import GenerationSettings, completion_logprobs
+from ..sampling import derive_seed
 from .. import checkpoint
 from ..tracking import Tracker
 from .episode import Episode, episode_advantages, root_nodes, run_episode
@@ -51,6 +53,7 @@ class MultiAgentTrainer:
     config_class = MAGRPOConfig
     config_base: type = MAGRPOConfig  # every config this trainer accepts derives from it
     fixed_advantage_mode: str | None = None
+    supports_distributed = True  # torchrun placement / data parallelism (comlrl.distributed)
 
     def __init__(
         self, model: Any = None, num_agents: int | None = None, tokenizer: Any = None, train_dataset: Any = None,
@@ -75,21 +78,30 @@ class MultiAgentTrainer:
         set_seed(self.args.seed)
         sources = team_sources(model, agents, num_agents, formatters)
         self.num_agents = len(sources)
-        self.device = resolve_device(self.args.device)
+        # Under torchrun (WORLD_SIZE > 1) this process holds only the agents placed on its rank; else None.
+        self.dist = distributed.setup(self.args, self.num_agents)
+        if self.dist is not None and not self.supports_distributed:
+            raise ConfigError(f"{type(self).__name__} does not run under torchrun yet; launch it as one process.")
+        self.device = self.dist.device if self.dist else resolve_device(self.args.device)
         self.reward_func, self.reward_processor = reward_func, reward_processor
         self.eval_reward_func = eval_reward_func or reward_func
         self.external_transition = external_transition
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         share = peft_config is not None and self.args.share_base
-        models = build_models(sources, share=share)
-        tokenizers = build_tokenizers(tokenizer, sources)
-        fmts = build_formatters(formatters, self.num_agents)
+        local = self.dist.local_agents if self.dist else list(range(self.num_agents))  # agents whose weights live here
+        here = [sources[i] for i in local]
+        models = build_models(here, share=share)
+        tokenizers = build_tokenizers(tokenizer, sources, local)
+        self.formatters = fmts = build_formatters(formatters, self.num_agents)  # every agent's: prompts of the whole team
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
-        groups = source_groups(sources) if share else list(range(self.num_agents))
-        self.prepare_models(sources, models, peft_config)
-        wrapped = build_lora_team(models, groups, peft_config) if peft_config is not None else [(m, None) for m in models]
+        groups = source_groups(here) if share else list(range(len(local)))
+        self.prepare_models(here, models, peft_config)
+        lora_seeds = [derive_seed(self.args.seed, "lora", i) for i in local]  # an adapter's init does not depend on placement
+        wrapped = (build_lora_team(models, groups, peft_config, local, lora_seeds) if peft_config is not None
+                   else [(m, None) for m in models])
         self.agents = []
-        for i, ((m, adapter), tok, fmt, chat) in enumerate(zip(wrapped, tokenizers, fmts, chats)):
+        for i, (m, adapter), tok in zip(local, wrapped, tokenizers):
+            fmt, chat = fmts[i], chats[i]
             check_vocab(m, tok, i)
             if self.args.gradient_checkpointing and not getattr(m, "_comlrl_checkpointing", False):
                 m._comlrl_checkpointing = True
@@ -110,6 +122,9 @@ class MultiAgentTrainer:
         self.history: list[dict] = []
         self._buffer: list[tuple[Episode, list[list[torch.Tensor]]]] = []
         self.tracker: Tracker | None = None  # metrics.jsonl + report_to sinks, opened on first log
+        if self.dist is not None and not self.dist.is_main:
+            self.tracker = distributed.NullTracker()  # metrics are written once, by rank 0
+            self.args.disable_tqdm = True  # one progress bar per job
 
     # ------------------------------------------------------------------ setup helpers
     def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
@@ -131,8 +146,8 @@ class MultiAgentTrainer:
         if len(dataset) == 0:
             raise ConfigError(f"{name} is empty.")
         row = dataset[0]
-        for a in self.agents:
-            apply_formatter(a.formatter, row, a.index, 0, getattr(dataset, "column_names", None))
+        for i, fmt in enumerate(self.formatters):
+            apply_formatter(fmt, row, i, 0, getattr(dataset, "column_names", None))
 
     def _total_steps(self) -> int:
         if self.args.max_steps > 0:
@@ -216,16 +231,22 @@ class MultiAgentTrainer:
 
     def save_checkpoint(self, output_dir: str | None = None) -> Path:
         """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""
+        if self.dist is not None:  # every rank writes its agents; rank 0 renames after all have written
+            return distributed.save_checkpoint(self, output_dir)
         return checkpoint.save_checkpoint(self, output_dir)
 
     def load_checkpoint(self, path: str) -> None:
         """Continue from a checkpoint written by :meth:`save_checkpoint` (later metric lines are dropped)."""
+        if self.dist is not None:
+            distributed.load_checkpoint(self, path)
+            return
         checkpoint.load_checkpoint(self, path)
 
     def training_step(self, rows: list[dict], row_ids: list[int]) -> dict[str, Any]:
         """Roll out one batch, compute advantages, and update the agents every gradient_accumulation_steps."""
         a = self.args
-        episode = self.rollout(rows, row_ids, self.generation_settings(train=True), a.num_generations, self.reward_func)
+        episode = self.rollout(rows, row_ids, self.generation_settings(train=True), a.num_generations, self.reward_func,
+                               seed=derive_seed(a.seed, "train", self.state["step"]))
         metrics = self.episode_metrics(episode)
         adv = self.compute_advantages(episode, metrics)
         self._buffer.append((episode, adv))
@@ -244,15 +265,23 @@ class MultiAgentTrainer:
                                   reward_clip=a.reward_clip)
 
     def rollout(self, rows: list[dict], row_ids: list[int], settings: GenerationSettings, num_generations: int,
-                reward_func: Callable, dataset: Any = None) -> Episode:
-        """Sample the team's answers for ``rows`` and score them (no gradients)."""
+                reward_func: Callable, dataset: Any = None, seed: int | None = None) -> Episode:
+        """Sample the team's answers for ``rows`` and score them (no gradients).
+
+        ``seed``: sampling key of the episode (default: from args.seed, the step and the row ids); each row samples
+        from its own stream under it, so a run samples the same in one process or under torchrun.
+        """
         columns = getattr(dataset if dataset is not None else self.train_dataset, "column_names", None)
-        nodes = root_nodes(self.agents, rows, row_ids, columns)
+        nodes = root_nodes(self.formatters, rows, row_ids, columns)
+        if seed is None:
+            seed = derive_seed(self.args.seed, "rollout", self.state["step"], *row_ids)
+        d = self.dist
         return run_episode(
             self.agents, nodes, reward_func=reward_func, num_generations=num_generations, settings=settings,
             joint_mode=getattr(self.args, "joint_mode", "align"), num_turns=self.args.num_turns, external_transition=self.external_transition,
             termination_threshold=self.args.termination_threshold, reward_processor=self.reward_processor,
-            autocast_dtype=self.autocast_dtype,
+            autocast_dtype=self.autocast_dtype, seed=seed,
+            generate_fn=d.generate_team if d else None, run_once=d.run_once if d else None,
         )
 
     # ------------------------------------------------------------------ update
@@ -262,10 +291,14 @@ class MultiAgentTrainer:
         for agent in self.agents:
             batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
             weights = loss_weights([s.completion_mask for s, _ in batches], self.args.loss_type)
+            if self.dist is not None:  # data parallel: this replica's rows; the weights keep the whole step's normalizer
+                batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
             cache: dict[tuple[int, int], torch.Tensor] = {}
             for it in range(self.args.num_iterations):
                 start = time.perf_counter()
                 sums = self._accumulate_agent(agent, batches, weights, cache, it)
+                if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
+                    sums = self.dist.reduce_gradients(agent, sums)
                 mid = time.perf_counter()
                 norm = self._optimizer_step(agent)
                 metrics["time/loss"] += mid - start
@@ -275,7 +308,7 @@ class MultiAgentTrainer:
             pre = f"agent/{agent.index}/"
             metrics.update({pre + "policy/" + k: float(v) for k, v in first.items()})
             metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
-        return metrics
+        return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
 
     def _accumulate_agent(self, agent: Agent, batches: list, weights: list[torch.Tensor],
                           cache: dict, iteration: int) -> dict[str, float]:
@@ -380,7 +413,8 @@ class MultiAgentTrainer:
         bar = tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False)
         for lo in bar:
             ids = list(range(lo, min(lo + batch_size, limit)))
-            ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset)
+            ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset,
+                              seed=derive_seed(self.args.seed, "eval", self.state["step"], lo))
             episodes.append(ep)
             bar.set_postfix(reward=f"{float(torch.cat([e.turns[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}")
             first = ep.turns[0]
@@ -402,17 +436,26 @@ class MultiAgentTrainer:
         return dict(sorted(out.items()))
 
     def save_model(self, output_dir: str | None = None) -> list[str]:
-        """Save one ``from_pretrained``-loadable folder per agent (adapter folders under LoRA); training can continue."""
+        """Save one ``from_pretrained``-loadable folder per agent (adapter folders under LoRA); training can continue.
+
+        Under torchrun every rank calls it and writes the agents it owns (a replicated agent by its replica 0); rank 0
+        also writes the team config. Returns the folders this process wrote.
+        """
         root = Path(output_dir or self.args.output_dir)
         paths = []
         for a in self.agents:
+            if self.dist is not None and not self.dist.owns(a):
+                continue  # another replica of this agent writes it
             path = root / a.name
             if a.adapter is not None:  # PEFT writes a non-default adapter to root/<adapter name> == path
                 a.model.save_pretrained(root, selected_adapters=[a.adapter])
             else:
-                a.model.save_pretrained(path)
+                with distributed.saving_on_this_rank(a.model):  # transformers would write on rank 0 only
+                    a.model.save_pretrained(path)
             a.tokenizer.save_pretrained(path)
             paths.append(str(path))
-        (root / "comlrl_config.json").write_text(json.dumps({"trainer": type(self).__name__, "num_agents": self.num_agents,
-                                                             "args": self.args.to_dict()}, indent=2, default=str))
+        if self.dist is None or self.dist.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "comlrl_config.json").write_text(json.dumps({"trainer": type(self).__name__, "num_agents": self.num_agents,
+                                                                 "args": self.args.to_dict()}, indent=2, default=str))
         return paths

@@ -19,6 +19,7 @@ from ..advantages import compute_advantages, cross_credit, tree_returns
 from ..errors import TransitionError
 from ..rewards import accepted_kwargs, compute_rewards
 from ..rollout import GenerationSettings, Samples, generate
+from ..sampling import derive_seed
 from .setup import Agent, apply_formatter
 
 
@@ -57,11 +58,12 @@ def joint_indices(num_agents: int, g: int, mode: str) -> list[tuple[int, ...]]:
     return list(itertools.product(range(g), repeat=num_agents))
 
 
-def root_nodes(agents: list[Agent], rows: list[dict], row_ids: list[int], columns: Any = None) -> list[Node]:
-    """Initial nodes: each agent's formatted prompt for each row."""
+def root_nodes(agents: list[Agent] | list[Callable], rows: list[dict], row_ids: list[int], columns: Any = None) -> list[Node]:
+    """Initial nodes: each agent's formatted prompt for each row (``agents``: the team, or every agent's formatter)."""
+    fmts = [a.formatter if isinstance(a, Agent) else a for a in agents]
     nodes = []
     for row, rid in zip(rows, row_ids):
-        prompts = [apply_formatter(a.formatter, row, a.index, rid, columns) for a in agents]
+        prompts = [apply_formatter(f, row, i, rid, columns) for i, f in enumerate(fmts)]
         nodes.append(Node(row, rid, prompts, [[p] for p in prompts], [[] for _ in agents]))
     return nodes
 
@@ -79,37 +81,32 @@ def run_episode(
     termination_threshold: float | None = None,
     reward_processor: Callable | None = None,
     autocast_dtype: torch.dtype | None = None,
+    seed: int | None = None,
+    generate_fn: Callable | None = None,
+    run_once: Callable | None = None,
 ) -> Episode:
-    """Roll out the tree for a batch of root nodes and score every joint action."""
-    n, g = len(agents), num_generations
-    combos = joint_indices(n, g, joint_mode)
+    """Roll out the tree for a batch of root nodes and score every joint action.
+
+    ``seed``: sampling key of this episode; row k of agent i at turn t samples from its own stream keyed by
+    (seed, t, i, k), so samples do not depend on batching or process placement (None: the global RNG).
+    Distributed hooks (:mod:`comlrl.distributed`; None in one process): ``generate_fn`` replaces
+    :func:`generate_team` and returns every agent's samples; ``run_once(fn, *args)`` runs the scoring (reward
+    and transition, possibly a sandbox) once and gives every process its result or its exception.
+    """
+    g = num_generations
+    generate_fn = generate_fn or generate_team
+    run_once = run_once or (lambda fn, *args: fn(*args))
     turns: list[Turn] = []
     timings = {"generate": 0.0, "reward": 0.0, "transition": 0.0}
     for t in range(num_turns):
         start = time.perf_counter()
-        samples = generate_team(agents, nodes, g, settings, autocast_dtype)
+        samples = generate_fn(agents, nodes, g, settings, autocast_dtype, seed=None if seed is None else derive_seed(seed, t))
         timings["generate"] += time.perf_counter() - start
-        start = time.perf_counter()
-        completions = [[samples[i].texts[m * g + c[i]] for m in range(len(nodes)) for c in combos] for i in range(n)]
-        prompts = [[nd.prompts[i] for nd in nodes for _ in combos] for i in range(n)]
-        items = [nd.row for nd in nodes for _ in combos]
-        ids = [nd.row_id for nd in nodes for _ in combos]
-        flat, levels = compute_rewards(reward_func, completions, prompts=prompts, batch_items=items, row_ids=ids,
-                                       turn=t + 1, processor=reward_processor)
-        rewards = torch.tensor(flat, dtype=torch.float32).view(len(nodes), len(combos))
-        timings["reward"] += time.perf_counter() - start
-        children = torch.full((len(nodes), g), -1, dtype=torch.long)
-        next_nodes: list[Node] = []
-        if t + 1 < num_turns:
-            start = time.perf_counter()
-            for m, nd in enumerate(nodes):
-                for k in range(g):
-                    if termination_threshold is not None and rewards[m, k] >= termination_threshold:
-                        continue
-                    answers = [samples[i].texts[m * g + k] for i in range(n)]
-                    children[m, k] = len(next_nodes)
-                    next_nodes.append(transition(external_transition, nd, answers, t + 1))
-            timings["transition"] += time.perf_counter() - start
+        rewards, levels, children, next_nodes, spent = run_once(
+            score_turn, nodes, samples, t, reward_func, g, joint_mode, num_turns, external_transition,
+            termination_threshold, reward_processor)
+        for k, v in spent.items():
+            timings[k] += v
         turns.append(Turn(nodes, samples, rewards, children, levels))
         if not next_nodes:
             break
@@ -117,11 +114,43 @@ def run_episode(
     return Episode(turns, timings)
 
 
+def score_turn(nodes: list[Node], samples: list[Samples], t: int, reward_func: Callable, g: int, joint_mode: str,
+               num_turns: int, external_transition: Callable | None, termination_threshold: float | None,
+               reward_processor: Callable | None) -> tuple[torch.Tensor, list, torch.Tensor, list[Node], dict]:
+    """Team rewards of turn t's joint actions and the child nodes: (rewards, levels, children, next nodes, timings)."""
+    n = len(samples)  # agents
+    combos = joint_indices(n, g, joint_mode)
+    start = time.perf_counter()
+    completions = [[samples[i].texts[m * g + c[i]] for m in range(len(nodes)) for c in combos] for i in range(n)]
+    prompts = [[nd.prompts[i] for nd in nodes for _ in combos] for i in range(n)]
+    items = [nd.row for nd in nodes for _ in combos]
+    ids = [nd.row_id for nd in nodes for _ in combos]
+    flat, levels = compute_rewards(reward_func, completions, prompts=prompts, batch_items=items, row_ids=ids,
+                                   turn=t + 1, processor=reward_processor)
+    rewards = torch.tensor(flat, dtype=torch.float32).view(len(nodes), len(combos))
+    timings = {"reward": time.perf_counter() - start, "transition": 0.0}
+    children = torch.full((len(nodes), g), -1, dtype=torch.long)
+    next_nodes: list[Node] = []
+    if t + 1 < num_turns:
+        start = time.perf_counter()
+        for m, nd in enumerate(nodes):
+            for k in range(g):
+                if termination_threshold is not None and rewards[m, k] >= termination_threshold:
+                    continue
+                answers = [samples[i].texts[m * g + k] for i in range(n)]
+                children[m, k] = len(next_nodes)
+                next_nodes.append(transition(external_transition, nd, answers, t + 1))
+        timings["transition"] = time.perf_counter() - start
+    return rewards, levels, children, next_nodes, timings
+
+
 def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: GenerationSettings,
-                  autocast_dtype: torch.dtype | None = None) -> list[Samples]:
+                  autocast_dtype: torch.dtype | None = None, seed: int | None = None, row_offset: int = 0) -> list[Samples]:
     """Each agent's samples for the nodes' prompts: one generate call per distinct model.
 
     Agents sharing a LoRA base are generated together, each row routed through its agent's adapter.
+    ``seed``: per-row sampling key of this turn; row k (node k // g, sample k % g) of agent i samples from
+    a stream keyed by (seed, i, row_offset + k), row_offset being the first row's index in the whole batch.
     """
     out: dict[int, Samples] = {}
     by_model: dict[int, list[Agent]] = {}
@@ -131,11 +160,22 @@ def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: Gene
         prompts = [nd.prompts[a.index] for a in group for nd in nodes]
         chats = [a.chat for a in group for _ in nodes]
         adapters = [a.adapter for a in group for _ in nodes] if group[0].adapter is not None else None
-        s = generate(group[0].model, group[0].tokenizer, prompts, g, settings, chats, autocast_dtype, adapters)
+        seeds = None if seed is None else [derive_seed(seed, a.index, row_offset + k) for a in group for k in range(len(nodes) * g)]
+        s = generate(group[0].model, group[0].tokenizer, prompts, g, settings, chats, autocast_dtype, adapters, seeds)
         rows = len(nodes) * g
         for k, a in enumerate(group):
-            out[a.index] = s.rows(k * rows, (k + 1) * rows) if len(group) > 1 else s
+            out[a.index] = own_width(s.rows(k * rows, (k + 1) * rows)) if len(group) > 1 else s
     return [out[a.index] for a in agents]
+
+
+def own_width(s: Samples) -> Samples:
+    """Drop the padding columns an agent's rows got from sharing a generate call with other agents' longer rows:
+    its samples are then what generating it alone returns (so they do not depend on which agents share its base)."""
+    first = int((s.prompt_mask.sum(dim=0) > 0).float().argmax()) if s.prompt_mask.any() else s.prompt_mask.shape[1] - 1
+    used = (s.completion_mask.sum(dim=0) > 0).nonzero()
+    last = int(used.max()) + 1 if len(used) else 1
+    return Samples(s.prompt_ids[:, first:], s.prompt_mask[:, first:], s.completion_ids[:, :last],
+                   s.completion_mask[:, :last], s.texts, s.truncated)
 
 
 def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -> Node:

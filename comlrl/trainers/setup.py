@@ -94,17 +94,21 @@ def build_models(sources: list, share: bool = False, dtype: Any = None) -> list[
     return models
 
 
-def build_tokenizers(tokenizer: Any, sources: list) -> list[PreTrainedTokenizerBase]:
-    """One tokenizer per agent: the one given, one per agent given, or loaded from each model source."""
+def build_tokenizers(tokenizer: Any, sources: list, indices: Sequence[int] | None = None) -> list[PreTrainedTokenizerBase]:
+    """One tokenizer per agent: the one given, one per agent given, or loaded from each model source.
+
+    ``indices``: only these agents' tokenizers (the agents of this process under torchrun); default all.
+    """
     n = len(sources)
+    idx = list(range(n)) if indices is None else list(indices)
     if isinstance(tokenizer, (list, tuple)):
         if len(tokenizer) != n:
             raise ConfigError(f"tokenizer= has {len(tokenizer)} entries for {n} agents.")
-        return [load_tokenizer(t) for t in tokenizer]
+        return [load_tokenizer(tokenizer[i]) for i in idx]
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
-        return [tok] * n
-    return [load_tokenizer(s) for s in sources]
+        return [tok] * len(idx)
+    return [load_tokenizer(sources[i]) for i in idx]
 
 
 def build_formatters(formatters: Any, n: int) -> list[Formatter]:

@@ -1,0 +1,381 @@
+"""The ``comlrl`` command line: train, eval, report, envs.
+
+    comlrl train configs/quickstart.yaml                      # train; run dir runs/<name>-<timestamp>
+    comlrl train CONFIG --set training.max_steps=4 --set model=./my-model
+    comlrl train CONFIG --set output_dir=runs/a --resume      # continue a killed run from its newest checkpoint
+    comlrl eval CONFIG [--baseline single|parallel|sequential|discussion ...]
+    comlrl report RUN_DIR                                     # plots + report.md from a run directory
+    comlrl envs                                               # the environments, their options and defaults
+
+The config schema is in :mod:`comlrl.runconfig`; ``--set a.b=value`` parses ``value`` as YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import runconfig
+from .errors import ComlrlError
+
+log = logging.getLogger("comlrl.cli")
+
+BASELINES = ("single", "parallel", "sequential", "discussion")
+
+
+# --- building a run from a config ------------------------------------------------------------------
+
+
+def make_env(cfg: runconfig.RunConfig) -> Any:
+    from . import envs
+
+    return envs.make(cfg.env.name, num_agents=cfg.team_size, **cfg.env.options)
+
+
+def load_data(cfg: runconfig.RunConfig, env: Any) -> tuple[Any, Any]:
+    """(train rows, eval rows or None) as the ``data`` section says; held-out rows never enter training."""
+    d = cfg.data
+    split = {} if d.split is None else {"split": d.split}
+    if not d.eval_limit:
+        return env.load_dataset(d.source, limit=d.limit, **split), None
+    if d.eval_split != "holdout":
+        train = env.load_dataset(d.source, limit=d.limit, **split)
+        return train, env.load_dataset(d.eval_source or d.source, split=d.eval_split, limit=d.eval_limit)
+    if d.eval_source not in (None, d.source):
+        raise ComlrlError("data.eval_split=holdout takes evaluation rows from data.source; unset data.eval_source "
+                          "or give eval_split a split name.")
+    rows = env.load_dataset(d.source, limit=None if d.limit is None else d.limit + d.eval_limit, **split)
+    n = len(rows)
+    if n <= d.eval_limit:
+        raise ComlrlError(f"data: {n} rows cannot hold out data.eval_limit={d.eval_limit} evaluation rows and still "
+                          "train; lower eval_limit or add rows.")
+    return rows.select(range(n - d.eval_limit)), rows.select(range(n - d.eval_limit, n))
+
+
+def build_trainer(cfg: runconfig.RunConfig, env: Any, train: Any, evaluation: Any, output_dir: str) -> Any:
+    """The algorithm's trainer for this env, data and team (loads the models)."""
+    args = cfg.trainer_config(env_defaults=env.defaults, output_dir=output_dir)
+    team = {"agents": cfg.agents} if cfg.agents is not None else {"model": cfg.model, "num_agents": cfg.team_size}
+    return cfg.algo.trainer_class()(
+        **team, tokenizer=cfg.tokenizer, train_dataset=train, eval_dataset=evaluation, reward_func=env.reward_func,
+        formatters=env.formatters(), external_transition=env.external_transition, peft_config=cfg.lora_config(),
+        args=args,
+    )
+
+
+def run_directory(cfg: runconfig.RunConfig) -> Path:
+    """output_dir, or runs/<name>-<timestamp> (when resuming: the newest existing runs/<name>-*)."""
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    if cfg.resume:
+        stamped = re.compile(rf"^{re.escape(cfg.name)}-\d{{8}}-\d{{6}}$")
+        previous = sorted(p for p in Path("runs").glob(f"{cfg.name}-*") if p.is_dir() and stamped.match(p.name))
+        if previous:
+            return previous[-1]
+    return Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# --- train -----------------------------------------------------------------------------------------
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from . import distributed
+
+    if getattr(ns, "nproc", 0):  # the same command under torchrun, one process per rank (docs/distributed.md)
+        args = ["-v"] * bool(getattr(ns, "verbose", False)) + ["train", ns.config]
+        args += [a for s in ns.set for a in ("--set", s)] + ["--resume"] * bool(ns.resume)
+        distributed.exec_torchrun(ns.nproc, args)
+    cfg = runconfig.load_config(ns.config, ns.set)
+    cfg.resume = cfg.resume or ns.resume
+    # Under torchrun (a no-op otherwise): rank 0 picks and prepares the run directory, every rank uses it.
+    distributed.init(cfg.training.get("dist_timeout"), cfg.training.get("device", "auto"))
+    run_dir, resume_from = distributed.run_once(_open_run, cfg)
+    rank = distributed.world()[0]
+    handler = _log_to_file(run_dir / ("train.log" if distributed.is_main() else f"train.rank{rank}.log"))
+    try:
+        return _train(cfg, run_dir, resume_from)
+    finally:
+        logging.getLogger("comlrl").removeHandler(handler)
+        handler.close()
+
+
+def _open_run(cfg: runconfig.RunConfig) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to continue from (None: start over)."""
+    run_dir = run_directory(cfg)
+    return run_dir, _prepare_run_dir(run_dir, cfg.resume)
+
+
+def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) -> int:
+    from . import distributed, report, tracking
+
+    main = distributed.is_main()  # under torchrun, run files are written by rank 0 only
+    env = make_env(cfg)
+    train, evaluation = load_data(cfg, env)
+    resolved = runconfig.resolved(cfg, output_dir=str(run_dir))
+    if main:
+        (run_dir / "config.yaml").write_text(runconfig.dump(resolved))
+    info = tracking.run_info(resolved["training"]["seed"], sys.argv)
+    info["resumed_from"] = str(resume_from) if resume_from else None
+    if main:
+        _append_start(run_dir / "run.json", info)
+    log.info("run %s: seed %s, git %s, %d train / %d eval rows", run_dir, info["seed"], info["git"]["commit"],
+             len(train), len(evaluation or []))
+    log.info("resolved config: %s", run_dir / "config.yaml")
+    log.debug("resolved config:\n%s", runconfig.dump(resolved))  # console with -v; always in train.log
+
+    trainer = build_trainer(cfg, env, train, evaluation, str(run_dir))
+    trainer.tracker = (tracking.Tracker(run_dir, trainer.args.report_to, run_name=run_dir.name, config=resolved) if main
+                       else distributed.NullTracker())
+    before = _evaluate(trainer, run_dir, "before") if evaluation is not None and cfg.evaluation.before else None
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    trainer.save_model(str(run_dir / "final"))
+    after = _evaluate(trainer, run_dir, "after", fresh=True) if evaluation is not None and cfg.evaluation.after else None
+    trainer.tracker.close()
+    if not main:
+        return 0
+    print(summary(before, after, trainer.last_eval_samples if after else [], cfg.evaluation.num_samples, run_dir))
+    if cfg.report:
+        paths = report.write_report(run_dir)
+        print(f"report: {paths['markdown']}")
+    return 0
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
+    """Create the run directory; on resume return the checkpoint to continue from (None: start over)."""
+    from . import checkpoint, tracking
+
+    has_run = (run_dir / tracking.METRICS_FILE).exists() or bool(checkpoint.checkpoints(run_dir))
+    if has_run and not resume:
+        raise ComlrlError(f"{run_dir} already holds a run; pass --resume to continue it, or set another output_dir.")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        return None
+    checkpoint.clean_partial(run_dir)
+    found = checkpoint.latest_checkpoint(run_dir)
+    if found is None:
+        log.warning("resume: no complete checkpoint in %s; training starts from step 0", run_dir)
+        tracking.truncate_metrics(run_dir / tracking.METRICS_FILE, 0)
+    return found
+
+
+def _evaluate(trainer: Any, run_dir: Path, tag: str, fresh: bool = False) -> dict:
+    """Evaluate once per run and tag (a resumed run reuses the saved 'before' numbers)."""
+    path = run_dir / f"eval_{tag}.json"
+    if path.is_file() and not fresh:
+        return json.loads(path.read_text())
+    metrics = trainer.evaluate()
+    trainer.tracker.log_samples(trainer.last_eval_samples, trainer.state["step"], tag=f"eval-{tag}")
+    if getattr(trainer, "dist", None) is None or trainer.dist.is_main:
+        path.write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _append_start(path: Path, info: dict) -> None:
+    starts = json.loads(path.read_text())["starts"] if path.is_file() else []
+    path.write_text(json.dumps({"starts": starts + [info]}, indent=2))
+
+
+def summary(before: dict | None, after: dict | None, samples: list[dict], num_samples: int, run_dir: Path) -> str:
+    """Before/after evaluation rewards (mean and every level) and a few sample completions."""
+    lines = [f"run directory: {run_dir}"]
+    if before is None and after is None:
+        return lines[0]
+    keys = sorted(k for k in (after or before) if k == "eval/reward/mean" or k.startswith("eval/reward/level/"))
+    lines.append(f"{'evaluation (held-out rows)':<32}{'before':>10}{'after':>10}{'change':>10}")
+    for key in keys:
+        b = (before or {}).get(key)
+        a = (after or {}).get(key)
+        cells = [f"{v:10.3f}" if v is not None else f"{'-':>10}" for v in (b, a)]
+        change = f"{a - b:+10.3f}" if a is not None and b is not None else f"{'':>10}"
+        lines.append(f"{key.removeprefix('eval/'):<32}{''.join(cells)}{change}")
+    for s in samples[:num_samples]:
+        lines.append(f"--- row {s['row']} (reward {s['reward']:.3f})")
+        for i, text in enumerate(s["completions"]):
+            lines.append(f"  agent {i}: {_short(text)}")
+    return "\n".join(lines)
+
+
+def _short(text: str, n: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# --- eval ------------------------------------------------------------------------------------------
+
+
+def cmd_eval(ns: argparse.Namespace) -> int:
+    cfg = runconfig.load_config(ns.config, ns.set)
+    if not cfg.data.eval_limit:
+        raise ComlrlError("eval needs evaluation rows: set data.eval_limit > 0 (e.g. --set data.eval_limit=16).")
+    env = make_env(cfg)
+    _, rows = load_data(cfg, env)
+    trainer = build_trainer(cfg, env, None, rows, cfg.output_dir or "output")
+    results: dict[str, Any] = {}
+    if not ns.baseline:
+        results["team"] = trainer.evaluate()
+        print(json.dumps(results["team"], indent=2))
+    else:
+        from .envs.baselines import format_table, run_baseline
+
+        generate = make_generate(trainer)
+        for mode in ns.baseline:
+            results[mode] = run_baseline(env, mode, generate, rows)
+        print(format_table(results))
+    if ns.output:
+        Path(ns.output).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+def make_generate(trainer: Any, batch_size: int = 8) -> Any:
+    """``generate(agent_index, prompts) -> completions`` with the trainer's agents (greedy unless eval_do_sample)."""
+    from tqdm.auto import tqdm
+
+    from .rollout import generate as generate_batch
+
+    settings = trainer.generation_settings(train=False)
+
+    def generate(agent_index: int, prompts: list[str]) -> list[str]:
+        agent = trainer.agents[agent_index]
+        out: list[str] = []
+        bar = tqdm(range(0, len(prompts), batch_size), desc=f"generate agent {agent_index}", leave=False,
+                   disable=trainer.args.disable_tqdm)
+        for lo in bar:
+            batch = prompts[lo:lo + batch_size]
+            adapters = [agent.adapter] * len(batch) if agent.adapter is not None else None
+            samples = generate_batch(agent.model, agent.tokenizer, batch, 1, settings, agent.chat,
+                                     trainer.autocast_dtype, adapters)
+            out.extend(samples.texts)
+        return out
+
+    return generate
+
+
+# --- report and envs -------------------------------------------------------------------------------
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    from . import report
+
+    paths = report.write_report(ns.run_dir)
+    for kind, path in paths.items():
+        if kind != "plots":
+            print(f"{kind}: {path}")
+    for path in paths["plots"]:
+        print(f"plot: {path}")
+    return 0
+
+
+def cmd_envs(ns: argparse.Namespace) -> int:
+    from . import envs
+
+    described = []
+    for name in envs.list_envs():
+        info = envs.make(name).describe()
+        info["options"] = {k: v for k, v in envs.env_options(name).items()}
+        described.append(info)
+    if ns.json:
+        print(json.dumps(described, indent=2, default=str))
+        return 0
+    for info in described:
+        print(f"{info['name']}: {info['description']}")
+        print(f"  agents: {info['num_agents']} (default)   max reward: {info['max_reward']}")
+        print(f"  options: {_kv(info['options']) or 'none'}")
+        print(f"  defaults: {_kv(info['defaults']) or 'none'}")
+        if info.get("levels"):
+            print(f"  reward levels: {', '.join(map(str, info['levels']))}")
+    return 0
+
+
+def _kv(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+# --- parser ----------------------------------------------------------------------------------------
+
+
+def _schema_epilog() -> str:
+    lines = ["config keys (YAML):"]
+    for section, keys in runconfig.schema().items():
+        for key, text in keys.items():
+            name = f"{section}.{key}" if section else key
+            lines.append(f"  {name:<22} {text}")
+    lines.append("  training.<field>        any field of the algorithm's config class (comlrl.config)")
+    lines.append(f"algorithms: {', '.join(runconfig.ALGORITHMS)}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="comlrl", description="Train teams of LLMs with cooperative multi-agent RL.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
+    setting = dict(action="append", default=[], metavar="KEY=VALUE",
+                   help="Override a config key (dotted path; the value is parsed as YAML). Repeatable.")
+
+    p = sub.add_parser("train", help="Train a team from a YAML config.", formatter_class=raw, epilog=_schema_epilog(),
+                       description="Train, evaluate before/after on held-out rows, save final models and write a report.")
+    p.add_argument("config", help="YAML run config (see configs/).")
+    p.add_argument("--set", **setting)
+    p.add_argument("--resume", action="store_true",
+                   help="Continue from the newest complete checkpoint of the run directory (same as resume: auto).")
+    p.add_argument("--nproc", type=int, default=0, metavar="K",
+                   help="Run under torchrun with K processes on this machine (agents placed on ranks / GPUs; "
+                        "see docs/distributed.md). For several machines call torchrun yourself.")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="Evaluate a team, or baselines, on the config's evaluation rows.",
+                       description="Without --baseline: the team's greedy evaluation (trainer.evaluate). With it: "
+                                   "the baselines of comlrl.envs.baselines, as a table.")
+    p.add_argument("config", help="YAML run config; its data section picks the evaluation rows.")
+    p.add_argument("--baseline", action="append", choices=BASELINES, default=[],
+                   help="single, parallel, sequential or discussion (repeatable).")
+    p.add_argument("--set", **setting)
+    p.add_argument("--output", help="Also write the results as JSON to this file.")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="Plots and a Markdown summary of a run directory.",
+                       description="Write report/*.png and report.md into RUN_DIR from its metrics and samples.")
+    p.add_argument("run_dir", help="A run directory (has metrics.jsonl).")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("envs", help="List the environments with their options and suggested settings.")
+    p.add_argument("--json", action="store_true", help="Machine-readable output.")
+    p.set_defaults(func=cmd_envs)
+    return parser
+
+
+def _log_to_file(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("comlrl").addHandler(handler)
+    return handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    root = logging.getLogger("comlrl")
+    console = [h for h in root.handlers if getattr(h, "_comlrl_console", False)]
+    if not console:
+        console = [logging.StreamHandler()]
+        console[0].setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        console[0]._comlrl_console = True
+        root.addHandler(console[0])
+    console[0].setLevel(logging.DEBUG if ns.verbose else logging.INFO)
+    root.setLevel(logging.DEBUG)
+    try:
+        return ns.func(ns)
+    except ComlrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""A run's report: PNG plots of the metrics and a one-page Markdown summary with sample completions.
+
+``write_report(run_dir)`` reads ``metrics.jsonl``, ``config.yaml``, ``run.json``, ``eval_before.json`` /
+``eval_after.json`` and ``samples/*.jsonl`` from a run directory and writes::
+
+    report/reward.png    team reward per step (raw and smoothed) and evaluation points
+    report/levels.png    the mean score of each reward level per step (smoothed)
+    report/length.png    each agent's mean completion length in tokens
+    report/loss.png      each agent's policy loss (and KL to the reference when beta > 0)
+    report.md            the summary, linking the plots
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import ComlrlError
+from .tracking import SAMPLES_DIR, read_metrics
+
+FIGSIZE = (8.0, 4.5)  # inches; at DPI 100 every plot is 800 x 450 pixels
+DPI = 100
+
+
+def smooth(values: list[float], alpha: float | None = None) -> list[float]:
+    """Exponential moving average (bias-corrected, as TensorBoard does); alpha from the series length by default."""
+    if not values:
+        return []
+    alpha = alpha if alpha is not None else min(0.9, max(0.0, 1.0 - 5.0 / max(len(values), 1)))
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = alpha * avg + (1 - alpha) * v
+        out.append(avg / (1 - alpha ** i) if alpha > 0 else v)
+    return out
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], float(r[key])) for r in rows if key in r and isinstance(r[key], (int, float))
+           and math.isfinite(float(r[key]))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _keys(rows: list[dict], prefix: str, suffix: str = "") -> list[str]:
+    return sorted({k for r in rows for k in r if k.startswith(prefix) and k.endswith(suffix)})
+
+
+def _figure() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("step")
+    return fig, ax
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)  # no bbox_inches="tight": every plot keeps the fixed size
+    plt.close(fig)
+    return path
+
+
+def plot_reward(rows: list[dict], path: Path, before: dict | None = None, after: dict | None = None) -> Path | None:
+    steps, values = _series(rows, "reward/mean")
+    if not steps:
+        return None
+    fig, ax = _figure()
+    ax.plot(steps, values, color="tab:blue", alpha=0.3, label="reward/mean (train batch)")
+    ax.plot(steps, smooth(values), color="tab:blue", label="smoothed")
+    es, ev = _series(rows, "eval/reward/mean")
+    points = ([(0, before["eval/reward/mean"])] if before and "eval/reward/mean" in before else []) + list(zip(es, ev))
+    if after and "eval/reward/mean" in after:
+        points.append((steps[-1], after["eval/reward/mean"]))
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o--", color="tab:orange", label="eval (held-out, greedy)")
+    ax.set_ylabel("team reward")
+    ax.set_title("Team reward")
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_lines(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str, smoothed: bool = False) -> Path | None:
+    series = [(k, *_series(rows, k)) for k in keys]
+    series = [s for s in series if s[1]]
+    if not series:
+        return None
+    fig, ax = _figure()
+    for key, steps, values in series:
+        ax.plot(steps, smooth(values) if smoothed else values, label=key)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_loss(rows: list[dict], path: Path) -> Path | None:
+    loss_keys = _keys(rows, "agent/", "/policy/pg_loss")
+    kl_keys = [k for k in _keys(rows, "agent/", "/policy/kl") if any(r.get(k) for r in rows)]
+    if not any(_series(rows, k)[0] for k in loss_keys + kl_keys):
+        return None
+    fig, ax = _figure()
+    for key in loss_keys:
+        ax.plot(*_series(rows, key), label=key)
+    ax.set_ylabel("policy-gradient loss")
+    ax.set_title("Loss" + (" and KL" if kl_keys else ""))
+    handles, labels = ax.get_legend_handles_labels()
+    if kl_keys:
+        ax2 = ax.twinx()
+        for key in kl_keys:
+            ax2.plot(*_series(rows, key), linestyle="--", label=key)
+        ax2.set_ylabel("KL to reference")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="best", fontsize=8)
+    return _save(fig, path)
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _read_samples(run_dir: Path) -> list[tuple[str, list[dict]]]:
+    """(tag, samples) of the final evaluation, else the latest evaluation during training, else 'before'."""
+    folder = run_dir / SAMPLES_DIR
+    if not folder.is_dir():
+        return []
+    files = {p.stem: p for p in folder.glob("*.jsonl")}
+    during = sorted(k for k in files if k.startswith("eval-step"))
+    order = [k for k in ("eval-after",) if k in files] or during[-1:] or [k for k in ("eval-before",) if k in files]
+    out = []
+    for tag in order:
+        out.append((tag, [json.loads(line) for line in files[tag].read_text().splitlines() if line.strip()]))
+    return out
+
+
+def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, Any]:
+    """Write the plots and ``report.md`` into ``run_dir``; returns their paths."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    rows = [r for r in read_metrics(run_dir) if "step" in r]
+    if not rows:
+        raise ComlrlError(f"{run_dir}: no metrics.jsonl with logged steps; is this a comlrl run directory?")
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    before, after = _read_json(run_dir / "eval_before.json"), _read_json(run_dir / "eval_after.json")
+    plots = [
+        plot_reward(rows, out / "reward.png", before, after),
+        plot_lines(rows, _keys(rows, "reward/level/"), out / "levels.png", "Reward levels (smoothed)", "level score", True),
+        plot_lines(rows, _keys(rows, "agent/", "/completion/mean_length"), out / "length.png", "Completion length",
+                   "tokens"),
+        plot_loss(rows, out / "loss.png"),
+    ]
+    plots = [p for p in plots if p is not None]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    info = (_read_json(run_dir / "run.json") or {}).get("starts", [{}])
+    text = _markdown(run_dir, rows, config or {}, info, before, after, plots, _read_samples(run_dir), num_samples)
+    md = run_dir / "report.md"
+    md.write_text(text)
+    return {"markdown": md, "plots": plots}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _markdown(run_dir: Path, rows: list[dict], config: dict, starts: list[dict], before: dict | None,
+              after: dict | None, plots: list[Path], samples: list[tuple[str, list[dict]]], num_samples: int) -> str:
+    training = config.get("training", {})
+    first = starts[0] if starts else {}
+    team = config.get("agents") or f"{config.get('model')} x {config.get('num_agents') or 2}"
+    lines = [f"# Run report: {run_dir.name}", ""]
+    lines += [
+        f"- algorithm: **{config.get('algorithm', '?')}**, environment: **{(config.get('env') or {}).get('name', '?')}**, team: {team}",
+        f"- steps: {rows[-1]['step']}, seed: {training.get('seed', first.get('seed'))}, "
+        f"git: {(first.get('git') or {}).get('commit')}{' (dirty)' if (first.get('git') or {}).get('dirty') else ''}, "
+        f"started: {first.get('started', '?')}" + (f", resumed {len(starts) - 1}x" if len(starts) > 1 else ""),
+        "- settings: " + ", ".join(f"{k}={_fmt(training[k])}" for k in (
+            "learning_rate", "per_device_train_batch_size", "num_generations", "max_new_tokens", "temperature",
+            "max_steps", "beta", "joint_mode", "advantage_mode") if k in training),
+        "",
+    ]
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    if rewards:
+        k = max(1, len(rewards) // 10)
+        lines += ["## Reward", "",
+                  f"Training-batch team reward: first {k} step(s) {sum(rewards[:k]) / k:.3f}, last {k} step(s) "
+                  f"{sum(rewards[-k:]) / k:.3f}, max {max(rewards):.3f}.", ""]
+    if before or after:
+        keys = sorted(k for k in (after or before) if k == "eval/reward/mean" or k.startswith("eval/reward/level/"))
+        lines += ["| held-out evaluation | before | after |", "|---|---|---|"]
+        for key in keys:
+            cells = [f"{d[key]:.3f}" if d and key in d else "-" for d in (before, after)]
+            lines.append(f"| {key.removeprefix('eval/')} | {cells[0]} | {cells[1]} |")
+        lines.append("")
+    lines += ["## Plots", ""] + [f"![{p.stem}](report/{p.name})" for p in plots] + [""]
+    for tag, items in samples:
+        lines += [f"## Sample completions ({tag})", ""]
+        for s in items[:num_samples]:
+            lines.append(f"**row {s.get('row')}**, team reward {s.get('reward', float('nan')):.3f}")
+            lines.append("")
+            prompts = s.get("prompts") or []
+            if prompts:
+                lines += ["<details><summary>prompt (agent 0)</summary>", "", "```text", str(prompts[0])[:1500], "```",
+                          "", "</details>", ""]
+            for i, text in enumerate(s.get("completions", [])):
+                lines += [f"agent {i}:", "", "```text", str(text)[:1500], "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""Per-row seeded sampling: each completion's randomness depends on its own key only, never on its batch.
+
+Why: ``generate`` samples every row of a batch from one RNG stream (``torch.multinomial``), so the tokens of
+row k depend on which rows share its batch and on what was sampled before it. Distributed training generates
+each agent in its own process, and with data parallelism each replica generates a different slice of the
+rows; for such a run to sample exactly what the single-process run samples, row k's randomness must come
+from a stream keyed by (seed, step, turn, agent, row, sample) alone. Both modes use this sampler.
+
+Sampling is the Gumbel-max trick: argmax(warped logits + Gumbel noise) is an exact sample of
+softmax(warped logits) (Gumbel 1954; Maddison, Tarlow & Minka 2014, "A* Sampling"), with row k's noise drawn
+from a ``torch.Generator`` seeded by row k's key. Warping follows ``generate``'s order and semantics
+(temperature, then top-k, then top-p), with transformers' own warpers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import torch
+from transformers import LogitsProcessor
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from a tuple of ints/strings (stable across processes and Python runs, unlike ``hash``)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def row_generators(seeds: Sequence[int], device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """One generator per row, seeded with that row's key."""
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def gumbel_sample(logits: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """Next tokens (B,) from warped fp32 logits (B, V): argmax(logits + Gumbel(0, 1)), row b's noise from generators[b].
+
+    Filtered tokens (-inf logits) are never chosen. Costs one ``torch.rand(V)`` per row and step.
+    """
+    return (logits + gumbel_noise(logits, generators)).argmax(dim=-1)
+
+
+def gumbel_noise(logits: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """(B, V) Gumbel(0, 1) noise, row b drawn from generators[b] (B draws of V uniforms)."""
+    batch, vocab = logits.shape
+    if len(generators) != batch:
+        raise ValueError(f"{len(generators)} row generators for a batch of {batch} rows")
+    u = torch.stack([torch.rand(vocab, generator=g, device=logits.device) for g in generators])  # (B, V) in [0, 1)
+    tiny = torch.finfo(u.dtype).tiny
+    return -torch.log(-torch.log(u.clamp(min=tiny)))
+
+
+class RowSeededSampler(LogitsProcessor):
+    """A ``generate`` logits processor that turns greedy decoding into per-row seeded sampling.
+
+    Use with ``do_sample=False`` (the argmax then picks the Gumbel-max sample): scores are warped (temperature,
+    top-k, top-p), Gumbel noise from each row's own generator is added, and generate's argmax samples.
+    ``seeds``: one per batch row, in the batch's row order. Outside ``generate`` (e.g. a custom decode loop):
+    ``tokens = sampler(None, logits).argmax(-1)`` once per step (the warpers do not read ``input_ids``).
+    """
+
+    def __init__(self, seeds: Sequence[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 device: torch.device | str = "cpu") -> None:
+        self.generators = row_generators(seeds, device)
+        self.warpers: list[LogitsProcessor] = []
+        if temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k:
+            self.warpers.append(TopKLogitsWarper(top_k))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.float()
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        return scores + gumbel_noise(scores, self.generators)

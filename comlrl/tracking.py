@@ -1,0 +1,202 @@
+"""Where metrics go: always a JSONL file in the run directory; TensorBoard and Weights & Biases when asked.
+
+``metrics.jsonl`` has one JSON object per logged step (``step`` plus the metric names the trainer emits:
+``reward/mean``, ``reward/std``, ``reward/level/<name>``, ``agent/<i>/policy/pg_loss``, ``agent/<i>/policy/kl``,
+``agent/<i>/completion/mean_length``, ``perf/rollout_tokens_per_s``, ``time/<phase>``, and ``eval/...`` on
+evaluation steps). Evaluation samples go to ``samples/<tag>.jsonl``.
+
+The optional sinks are imported only when ``report_to`` names them; a sink that is asked for but not
+installed logs a warning once and is skipped, never stopping a run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from .config import suggest
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SINKS = ("tensorboard", "wandb")
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_DIR = "samples"
+
+
+class Tracker:
+    """Metric sinks of one run directory: JSONL always, plus the ``report_to`` sinks that are installed."""
+
+    def __init__(self, output_dir: str | os.PathLike, report_to: Iterable[str] = (), run_name: str | None = None,
+                 config: dict | None = None) -> None:
+        self.dir = Path(output_dir)
+        self.report_to = [r for r in report_to if r not in ("none", "jsonl")]
+        for name in self.report_to:
+            if name not in SINKS:
+                raise ConfigError(f"report_to: unknown sink '{name}'.{suggest(name, list(SINKS))} Available: {', '.join(SINKS)}.")
+        self.run_name = run_name or self.dir.name
+        self.config = config or {}
+        self._sinks: dict[str, Any] | None = None
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.dir / METRICS_FILE
+
+    def _open(self) -> dict[str, Any]:
+        if self._sinks is None:
+            self._sinks = {}
+            for name in self.report_to:
+                sink = _open_sink(name, self.dir, self.run_name, self.config)
+                if sink is not None:
+                    self._sinks[name] = sink
+        return self._sinks
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Append one JSONL line and send the numeric values to the open sinks."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+        scalars = {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for name, sink in self._open().items():
+            if name == "tensorboard":
+                for k, v in scalars.items():
+                    sink.add_scalar(k, v, step)
+                sink.flush()
+            elif name == "wandb":
+                sink.log(scalars, step=step)
+
+    def log_samples(self, samples: list[dict], step: int, tag: str | None = None) -> Path:
+        """Write evaluation samples to ``samples/<tag>.jsonl`` (default tag ``eval-step<step>``)."""
+        tag = tag or f"eval-step{step:06d}"
+        out = self.dir / SAMPLES_DIR / f"{tag}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w") as fh:
+            for s in samples:
+                fh.write(json.dumps({"step": step, **s}) + "\n")
+        for name, sink in self._open().items():
+            text = "\n\n".join(_sample_text(s) for s in samples[:4])
+            if name == "tensorboard":
+                sink.add_text(f"samples/{tag}", text.replace("\n", "  \n"), step)
+            elif name == "wandb":
+                import wandb
+
+                table = wandb.Table(columns=["row", "reward", "completions"])
+                for s in samples:
+                    table.add_data(s.get("row"), s.get("reward"), json.dumps(s.get("completions")))
+                sink.log({f"samples/{tag}": table}, step=step)
+        return out
+
+    def close(self) -> None:
+        for name, sink in (self._sinks or {}).items():
+            try:
+                sink.close() if name == "tensorboard" else sink.finish()
+            except Exception as exc:  # a sink failing to close must not fail a finished run
+                log.warning("closing %s failed: %s", name, exc)
+        self._sinks = None
+
+
+def _open_sink(name: str, out: Path, run_name: str, config: dict) -> Any:
+    try:
+        if name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter(log_dir=str(out / "tensorboard"))
+        import wandb
+
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", "comlrl"), name=run_name, config=config,
+                          dir=str(out), reinit=True)
+    except ImportError:
+        package = "tensorboard" if name == "tensorboard" else "wandb"
+        log.warning("report_to includes '%s' but it is not installed (pip install %s); metrics go to %s only.",
+                    name, package, out / METRICS_FILE)
+    except Exception as exc:  # e.g. wandb without login: the run goes on with the JSONL file
+        log.warning("report_to '%s' could not start (%s: %s); metrics go to %s only.", name, type(exc).__name__, exc,
+                    out / METRICS_FILE)
+    return None
+
+
+def _sample_text(sample: dict) -> str:
+    parts = [f"row {sample.get('row')} reward {sample.get('reward'):.3f}"]
+    for i, c in enumerate(sample.get("completions", [])):
+        parts.append(f"agent {i}: {c}")
+    return "\n".join(parts)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The JSONL metric lines (a final partial line, as a killed run may leave, is ignored)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def truncate_metrics(path: str | os.PathLike, last_step: int) -> int:
+    """Keep only lines with ``step <= last_step`` (and drop partial lines); returns how many were dropped.
+
+    A resumed run replays the steps after its checkpoint; without this the file would hold them twice.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    keep = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("step", math.inf) <= last_step:
+            keep.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+    return len(lines) - len(keep)
+
+
+def git_info() -> dict[str, Any]:
+    """Commit hash and dirty flag of the comlrl source checkout (None outside a git checkout)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                                text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def run_info(seed: int, argv: list[str] | None = None) -> dict[str, Any]:
+    """What a run records at its start: seed, git hash, versions, command line, time."""
+    import torch
+    import transformers
+
+    from . import __version__
+
+    return {
+        "seed": seed,
+        "git": git_info(),
+        "comlrl": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "argv": list(argv if argv is not None else sys.argv),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

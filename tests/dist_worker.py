@@ -1,0 +1,105 @@
+"""A tiny team trained by one process or under torchrun, for tests/test_distributed.py and benchmarks/.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_worker.py OUT '{"max_steps": 3}'
+    python tests/dist_worker.py OUT '{"max_steps": 3}'                   # the single-process reference
+
+The JSON holds MAGRPOConfig fields plus ``resume`` (continue from the newest checkpoint in output_dir),
+``model`` (keyword arguments of tiny.tiny_model, e.g. {"hidden": 256, "layers": 4}), ``lora`` (peft.LoraConfig
+fields: a LoRA team on one shared base per process), and the test hooks ``die_at`` / ``hang_at`` /
+``reward_error_at`` = [rank, step]: that rank exits with os._exit(1) / sleeps forever at the start of that
+step, or that rank's reward function raises during that step (only rank 0 computes rewards). Each rank writes
+``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents) and ``OUT/history.rank<r>.json`` (the
+trainer's metrics per step plus ``time/step``, the wall time of the step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import tiny_model, tiny_tokenizer  # noqa: E402
+
+ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
+BASE = dict(per_device_train_batch_size=4, num_generations=2, max_new_tokens=6, max_steps=3, learning_rate=1e-2,
+            logging_steps=1, disable_tqdm=True, seed=11, save_total_limit=None)
+
+
+def length_reward(a: list[str], b: list[str]) -> list[float]:
+    return [float(len(b[0]) - len(a[0]))]
+
+
+def revise(prompts: list[str], agent_completions: list[str]) -> list[str]:
+    """Turn 2 of a multi-turn episode: each agent sees its prompt and its first answer."""
+    return [f"{p} First try: {c[:8]} Again:" for p, c in zip(prompts, agent_completions)]
+
+
+def own_weights(agent) -> dict[str, torch.Tensor]:
+    """The agent's weights: the whole model, or only its own LoRA adapter on a shared base."""
+    if agent.adapter is None:
+        return {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
+    return {k: v.detach().clone() for k, v in agent.model.named_parameters() if f".{agent.adapter}." in k}
+
+
+def run(out: str | Path, spec: dict) -> dict:
+    """Train the tiny team; returns the trainer's train() output (weights and history go to ``out``)."""
+    from comlrl import checkpoint
+    from comlrl.config import MAGRPOConfig
+    from comlrl.trainers.magrpo import MAGRPOTrainer
+
+    spec = dict(spec)
+    hooks = {k: spec.pop(k) for k in ("die_at", "hang_at", "reward_error_at", "resume") if k in spec}
+    model_kwargs = spec.pop("model", {})
+    lora = spec.pop("lora", None)
+    out = Path(out)
+    rank = int(os.environ.get("RANK", 0))
+
+    class HookedTrainer(MAGRPOTrainer):
+        def training_step(self, rows, row_ids):  # the failure hooks fire as step `at` (1-based) starts
+            step = self.state["step"] + 1
+            if hooks.get("die_at") == [rank, step]:
+                print(f"rank {rank}: dying at step {step} (test hook)", flush=True)
+                os._exit(1)
+            if hooks.get("hang_at") == [rank, step]:
+                print(f"rank {rank}: hanging at step {step} (test hook)", flush=True)
+                time.sleep(3600)
+            self._step = step
+            start = time.perf_counter()
+            metrics = super().training_step(rows, row_ids)
+            metrics["time/step"] = time.perf_counter() - start
+            return metrics
+
+    def reward(a, b):
+        if hooks.get("reward_error_at") == [rank, getattr(trainer, "_step", 0)]:
+            raise ValueError("reward exploded (test hook)")
+        return length_reward(a, b)
+
+    args = MAGRPOConfig(**{**BASE, "output_dir": str(out / "run"), **spec})
+    model = tiny_model(**model_kwargs)
+    # Extra stop ids make some completions end early, so shards get different widths and masks get padding.
+    model.generation_config.eos_token_id = [2, *range(60, 90)]
+    peft_config = None
+    if lora is not None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**lora)
+    trainer = HookedTrainer(model=model, tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=reward,
+                            formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"], args=args,
+                            peft_config=peft_config, external_transition=revise if args.num_turns > 1 else None)
+    resume = checkpoint.latest_checkpoint(args.output_dir) if hooks.get("resume") else None
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({a.index: own_weights(a) for a in trainer.agents}, out / f"weights.rank{rank}.pt")
+    (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
+    return result
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # as torchrun's workers (OMP_NUM_THREADS=1): same float reductions in every process
+    run(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})

@@ -1,0 +1,294 @@
+"""fast_generate reproduces model.generate: greedy tokens exactly, sampling in distribution, EOS stop and padding."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tiny import tiny_model
+from transformers import (GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM, T5Config,
+                          T5ForConditionalGeneration)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from comlrl import fastgen
+from comlrl.fastgen import _LlamaDecoder, _top_p_filter, fast_generate, sample_tokens, supports_fast_generate
+from comlrl.rollout import left_pad
+
+PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21], [1, 30, 31, 32, 33, 34], [1, 40], [1, 50, 51, 52]]
+# chi-square critical value for 7 degrees of freedom at p = 1e-4 (the tests are seeded: a margin, not a flake rate)
+CHI2_7DF = 29.9
+
+
+def hf_greedy(model, ids, mask, pad, eos, new_tokens, **kw) -> torch.Tensor:
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                         temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eos, **kw)
+    return out[:, ids.shape[1]:]
+
+
+def greedy(model, ids, mask, pad, eos, new_tokens, **kw) -> torch.Tensor:
+    return fast_generate(model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=eos, pad_token_id=pad,
+                         do_sample=False, **kw)
+
+
+def tiny_qwen2() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, eos_token_id=2, pad_token_id=0)
+    model = Qwen2ForCausalLM(cfg)
+    for layer in model.model.layers:  # Qwen2's q/k/v biases start at zero; make them matter
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            torch.nn.init.normal_(proj.bias, std=0.5)
+    return model
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                      eos_token_id=2, bos_token_id=1, pad_token_id=0))
+
+
+# --- greedy equality --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pad", [0, 2], ids=["pad!=eos", "pad==eos"])
+@pytest.mark.parametrize("backend", ["llama", "generic"])
+def test_greedy_matches_generate_tiny_llama(pad, backend):
+    model = tiny_model().eval()
+    ids, mask = left_pad(PROMPTS, pad)
+    ref = hf_greedy(model, ids, mask, pad, [2], 24)
+    assert torch.equal(greedy(model, ids, mask, pad, [2], 24, backend=backend), ref)
+
+
+@pytest.mark.parametrize("make", [tiny_qwen2, tiny_gpt2], ids=["qwen2-llama-path", "gpt2-generic-path"])
+def test_greedy_matches_generate_other_architectures(make):
+    model = make().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 16), hf_greedy(model, ids, mask, 0, [2], 16))
+
+
+def test_repeated_prompts_prefill_once_and_match():
+    """Rollout batches repeat each prompt G times; the distinct-row prefill must give every copy the same result."""
+    model = tiny_model().eval()
+    ids, mask = left_pad([p for p in PROMPTS[:3] for _ in range(4)], 0)
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 12), hf_greedy(model, ids, mask, 0, [2], 12))
+
+
+def test_stops_at_eos_pads_after_and_stops_early():
+    model = tiny_model().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+    free = hf_greedy(model, ids, mask, 0, [2], 12)  # (B, 12): what each row says without our stop ids
+    stop = sorted({int(free[0, 3]), int(free[1, 1]), int(free[2, 0]), *(int(r[2]) for r in free)})
+    out = greedy(model, ids, mask, 0, stop, 12)
+    assert torch.equal(out, hf_greedy(model, ids, mask, 0, stop, 12))
+    assert out.shape[1] <= 3  # every row finished by step 3 -> the loop stopped early
+    for row in out:
+        hits = torch.isin(row, torch.tensor(stop)).nonzero()
+        assert len(hits) > 0
+        assert (row[int(hits[0]) + 1:] == 0).all()  # pad after the first EOS
+
+
+def test_max_new_tokens_zero_and_all_pad_row():
+    model = tiny_model().eval()
+    ids, mask = left_pad([[1, 5, 6], []], 0)
+    assert greedy(model, ids, mask, 0, [2], 0).shape == (2, 0)
+    out = fast_generate(model, ids, mask, max_new_tokens=6, eos_token_ids=[2], pad_token_id=0,
+                        generator=torch.Generator().manual_seed(0))
+    assert out.shape[0] == 2 and int(out.min()) >= 0 and int(out.max()) < 259  # no NaN from the empty prompt
+
+
+def test_bf16_logits_close_to_hf_bf16():
+    """dtype=bf16 computes what the model cast to bf16 computes, up to bf16 rounding."""
+    model = tiny_model().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits[:, -1].float()
+        ours = _LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
+        fp32 = model(input_ids=ids, attention_mask=mask).logits[:, -1]
+    assert ours.dtype == torch.float32
+    assert (ours - ref).abs().max() < 0.05 * fp32.abs().max()
+    out = greedy(model, ids, mask, 0, [2], 8, dtype=torch.bfloat16)
+    assert out.shape == (len(PROMPTS), 8)
+
+
+# --- PEFT ------------------------------------------------------------------------------------------------------------
+
+
+def lora_model(adapters=("one",)):
+    peft = pytest.importorskip("peft")
+    model = tiny_model()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    wrapped = None
+    for i, name in enumerate(adapters):
+        cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.1)
+        if wrapped is None:
+            wrapped = peft.get_peft_model(model, cfg, adapter_name=name)
+        else:
+            wrapped.add_adapter(name, cfg)
+        torch.manual_seed(10 + i)
+        for module in wrapped.modules():  # lora_B starts at zero: randomise so the adapters change the outputs
+            if hasattr(module, "lora_B") and name in module.lora_B:
+                torch.nn.init.normal_(module.lora_B[name].weight, std=0.3)
+    return wrapped.eval()
+
+
+@pytest.mark.parametrize("backend", ["llama", "generic"])
+def test_peft_lora_matches_generate(backend):
+    model = lora_model()
+    assert supports_fast_generate(model)
+    ids, mask = left_pad(PROMPTS, 0)
+    ref = hf_greedy(model, ids, mask, 0, [2], 16)
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 16, backend=backend), ref)
+    with model.disable_adapter():
+        base = hf_greedy(model, ids, mask, 0, [2], 16)
+        assert torch.equal(greedy(model, ids, mask, 0, [2], 16, backend=backend), base)
+    assert not torch.equal(ref, base)  # the adapter does change the outputs
+
+
+def test_peft_adapter_names():
+    model = lora_model(("one", "two"))
+    ids, mask = left_pad(PROMPTS, 0)
+    # one adapter for all rows (Llama fast path) / mixed adapters (generic path)
+    for names in (["two"] * len(PROMPTS), ["one", "two", "__base__", "two", "one"]):
+        ref = hf_greedy(model, ids, mask, 0, [2], 12, adapter_names=names)
+        assert torch.equal(greedy(model, ids, mask, 0, [2], 12, adapter_names=names), ref)
+
+
+# --- sampling distribution --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab8():
+    """A tiny Llama over 8 tokens with a spread-out first-step distribution, and its fp32 first-step logits."""
+    model = tiny_model(vocab_size=8).eval()
+    torch.manual_seed(1)
+    torch.nn.init.normal_(model.lm_head.weight, std=0.3)
+    prompt = torch.tensor([[1, 3, 5, 7]])
+    with torch.no_grad():
+        logits = model(input_ids=prompt).logits[0, -1]
+    return model, prompt, logits
+
+
+def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The distribution generate samples from: its own warpers in its own order, then softmax."""
+    scores = logits[None].clone()
+    for warp in [TemperatureLogitsWarper(temperature) if temperature != 1.0 else None,
+                 TopKLogitsWarper(top_k) if top_k else None, TopPLogitsWarper(top_p) if top_p < 1.0 else None]:
+        if warp is not None:
+            scores = warp(None, scores)
+    return scores.softmax(-1)[0]
+
+
+@pytest.mark.parametrize("backend", ["llama", "generic"])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.3, 3, 1.0), (1.0, 0, 0.7),
+                                                      (0.8, 5, 0.8)])
+def test_first_token_distribution(vocab8, backend, temperature, top_k, top_p):
+    model, prompt, logits = vocab8
+    n = 4000
+    ids, mask = prompt.expand(n, -1), torch.ones((n, prompt.shape[1]), dtype=torch.long)
+    out = fast_generate(model, ids, mask, max_new_tokens=1, eos_token_ids=[], pad_token_id=0, temperature=temperature,
+                        top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(123), backend=backend)
+    counts = torch.bincount(out[:, 0], minlength=8).double()
+    probs = hf_probs(logits, temperature, top_k, top_p).double()
+    assert (counts[probs == 0] == 0).all(), "a filtered token was sampled"
+    support = probs > 0
+    chi2 = (((counts - n * probs) ** 2)[support] / (n * probs[support])).sum()
+    assert chi2 < CHI2_7DF, f"chi2 {chi2:.1f}: counts {counts.tolist()} vs expected {(n * probs).tolist()}"
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 8.0])  # flat rows take the full-sort fallback, peaky rows the top-k path
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
+def test_top_p_keeps_the_same_tokens_as_hf(scale, top_p):
+    logits = torch.randn(6, 5000, generator=torch.Generator().manual_seed(0)) * scale
+    logits[::2] *= 4  # mix peaky and flat rows in one batch
+    ref = TopPLogitsWarper(top_p)(None, logits)
+    assert torch.equal(torch.isinf(_top_p_filter(logits, top_p)), torch.isinf(ref))
+
+
+def test_sampler_never_draws_zero_probability_tokens():
+    logits = torch.full((64, 50), float("-inf"))
+    logits[:, [3, 17, 49]] = torch.tensor([0.0, 1.0, -2.0])
+    draws = torch.stack([sample_tokens(logits, generator=torch.Generator().manual_seed(s)) for s in range(50)])
+    assert set(draws.unique().tolist()) <= {3, 17, 49}
+    assert torch.equal(sample_tokens(logits, do_sample=False), torch.full((64,), 17))
+
+
+def test_generator_makes_sampling_reproducible():
+    model = tiny_model().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+
+    def run(seed):
+        return fast_generate(model, ids, mask, max_new_tokens=10, eos_token_ids=[2], pad_token_id=0,
+                             generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(run(5), run(5)) and not torch.equal(run(5), run(6))
+
+
+def test_sample_fn_row_seeded_matches_generate():
+    """With rollout's per-row seeded sampler plugged in, fast_generate samples exactly generate's tokens."""
+    from transformers import LogitsProcessorList
+
+    from comlrl.sampling import RowSeededSampler
+
+    model = tiny_model().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+    seeds = [11, 12, 13, 14, 15]
+    processors = LogitsProcessorList([RowSeededSampler(seeds, 0.9, 0, 0.95)])
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, temperature=None,
+                         top_p=None, top_k=None, pad_token_id=0, eos_token_id=[2], logits_processor=processors)
+    ref = ref[:, ids.shape[1]:]
+    sampler = RowSeededSampler(seeds, 0.9, 0, 0.95)
+    out = fast_generate(model, ids, mask, max_new_tokens=12, eos_token_ids=[2], pad_token_id=0,
+                        sample_fn=lambda logits: sampler(None, logits).argmax(-1))
+    assert torch.equal(out, ref)
+
+
+# --- support detection ------------------------------------------------------------------------------------------------
+
+
+def test_supports_fast_generate():
+    assert supports_fast_generate(tiny_model()) and supports_fast_generate(tiny_gpt2())
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8))
+    assert not supports_fast_generate(t5)
+    penalised = tiny_model()
+    penalised.generation_config.repetition_penalty = 1.3  # generate would apply a processor we do not
+    assert not supports_fast_generate(penalised)
+    peft = pytest.importorskip("peft")
+    prompt_cfg = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2)
+    prompt_tuned = peft.get_peft_model(tiny_model(), prompt_cfg)
+    assert not supports_fast_generate(prompt_tuned)
+
+
+def test_unsupported_layout_falls_back_to_generic():
+    model = tiny_gpt2().eval()
+    with pytest.raises(ValueError, match="Llama fast path"):
+        fast_generate(model, torch.tensor([[1, 5]]), torch.ones(1, 2, dtype=torch.long), max_new_tokens=2,
+                      eos_token_ids=[2], pad_token_id=0, backend="llama")
+    assert isinstance(fastgen._make_decoder(model, 1, 8, None), fastgen._HFDecoder)
+
+
+# --- the real model ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    from comlrl.errors import ModelLoadError
+    from comlrl.models import load_model, load_tokenizer
+
+    try:
+        return load_model("embedded").eval(), load_tokenizer("embedded")
+    except ModelLoadError as exc:
+        pytest.skip(f"embedded SmolLM2 unavailable: {exc}")
+
+
+@pytest.mark.slow  # loads the real model; ~5 s on an idle CPU
+def test_greedy_matches_generate_smollm2(smollm):
+    """SmolLM2-135M (fp32): 32 greedy tokens for 3 chat prompts of different lengths, token for token."""
+    from comlrl.rollout import eos_ids, format_prompt
+
+    model, tok = smollm
+    texts = ["Say hi.", "Summarize: my cat learned to open the fridge and now eats all the cheese at night.",
+             "Name three colors."]
+    ids, mask = left_pad([format_prompt(tok, t, chat=True) for t in texts], tok.pad_token_id)
+    stop = eos_ids(model, tok)
+    ref = hf_greedy(model, ids, mask, tok.pad_token_id, stop, 32)
+    assert torch.equal(greedy(model, ids, mask, tok.pad_token_id, stop, 32, backend="llama"), ref)
