@@ -60,7 +60,14 @@ def test_greedy_matches_generate_tiny_llama(pad, backend):
     assert torch.equal(greedy(model, ids, mask, pad, [2], 24, backend=backend), ref)
 
 
-@pytest.mark.parametrize("make", [tiny_qwen2, tiny_gpt2], ids=["qwen2-llama-path", "gpt2-generic-path"])
+def tiny_gpt2_dynamic_cache() -> GPT2LMHeadModel:
+    model = tiny_gpt2()
+    model._can_compile_fullgraph = False  # the generic path then lets the model build its own DynamicCache
+    return model
+
+
+@pytest.mark.parametrize("make", [tiny_qwen2, tiny_gpt2, tiny_gpt2_dynamic_cache],
+                         ids=["qwen2-llama-path", "gpt2-generic-static-cache", "gpt2-generic-dynamic-cache"])
 def test_greedy_matches_generate_other_architectures(make):
     model = make().eval()
     ids, mask = left_pad(PROMPTS, 0)
