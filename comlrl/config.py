@@ -92,6 +92,10 @@ class TrainConfig:
     temperature: float = _help(1.0, "Sampling temperature during training rollouts.")
     top_p: float = _help(1.0, "Nucleus sampling threshold.")
     top_k: int = _help(0, "Top-k sampling (0 disables).")
+    fast_generation: bool = _help(
+        True, "Sample with comlrl's own decode loop (static KV cache; Llama/Mistral/Qwen2 layouts, else a generic "
+        "path) instead of transformers' generate; same distribution, greedy outputs identical."
+    )
     apply_chat_template: bool | list = _help(
         False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from .fastgen import fast_generate, supports_fast_generate
 from .sampling import RowSeededSampler
 
 
@@ -40,6 +41,7 @@ class GenerationSettings:
     top_p: float = 1.0
     top_k: int = 0
     max_prompt_length: int | None = None
+    fast: bool = True  # use comlrl.fastgen's decode loop when the model supports it (else HF generate)
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
@@ -131,18 +133,37 @@ def generate(
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     if adapter_names is not None:
         kwargs["adapter_names"] = [a for a in adapter_names for _ in range(num_generations)]
-    was_training = model.training
-    model.eval()
-    with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-        out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), **kwargs)
-    model.train(was_training)
-    completion_ids = out[:, prompt_ids.shape[1]:].cpu()
+    if settings.fast and supports_fast_generate(model):
+        completion_ids = _fast(model, prompt_ids, prompt_mask, settings, stop, pad_id, autocast_dtype,
+                               kwargs.get("adapter_names"), row_seeds, device)
+    else:
+        was_training = model.training
+        model.train(False)
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), **kwargs)
+        model.train(was_training)
+        completion_ids = out[:, prompt_ids.shape[1]:].cpu()
     if completion_ids.shape[1] == 0:
         completion_ids = torch.full((len(encoded), 1), stop[0] if stop else pad_id, dtype=torch.long)
     mask, truncated = completion_mask(completion_ids, stop)
     completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
     texts = tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask), skip_special_tokens=True)
     return Samples(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
+
+
+def _fast(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, settings: GenerationSettings,
+          stop: list[int], pad_id: int, dtype: torch.dtype | None, adapter_names: list[str] | None,
+          row_seeds: list[int] | None, device: torch.device) -> torch.Tensor:
+    """Completion ids from :func:`comlrl.fastgen.fast_generate` (same distribution as ``generate``)."""
+    sample_fn = None
+    if settings.do_sample and row_seeds is not None:
+        seeded = RowSeededSampler(row_seeds, settings.temperature, settings.top_k, settings.top_p, device)
+        sample_fn = lambda logits: seeded(None, logits).argmax(-1)  # noqa: E731
+    return fast_generate(
+        model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens=settings.max_new_tokens,
+        eos_token_ids=stop, pad_token_id=pad_id, do_sample=settings.do_sample, temperature=settings.temperature,
+        top_p=settings.top_p, top_k=settings.top_k or 0, dtype=dtype, sample_fn=sample_fn, adapter_names=adapter_names,
+    ).cpu()
 
 
 def completion_logprobs(

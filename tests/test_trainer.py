@@ -118,18 +118,28 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
             assert not torch.allclose(grads[modes[i]], grads[modes[j]]), (modes[i], modes[j])
 
 
-def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch):
+@pytest.mark.parametrize("fast", [True, False])
+def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch, fast):
+    import comlrl.rollout as rollout
+
     calls = []
     t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      args=cfg(per_device_train_batch_size=3, num_generations=4, max_steps=1))
-    for a in t.agents:
-        orig = a.model.generate
+                      args=cfg(per_device_train_batch_size=3, num_generations=4, max_steps=1, fast_generation=fast))
+    if fast:
+        orig = rollout.fast_generate
 
-        def spy(*args, _orig=orig, **kw):
-            calls.append(kw["input_ids"].shape[0])
-            return _orig(*args, **kw)
+        def spy(model, input_ids, *args, **kw):
+            calls.append(input_ids.shape[0])
+            return orig(model, input_ids, *args, **kw)
 
-        monkeypatch.setattr(a.model, "generate", spy)
+        monkeypatch.setattr(rollout, "fast_generate", spy)
+    else:
+        for a in t.agents:
+            def spy(*args, _orig=a.model.generate, **kw):
+                calls.append(kw["input_ids"].shape[0])
+                return _orig(*args, **kw)
+
+            monkeypatch.setattr(a.model, "generate", spy)
     t.train()
     assert calls == [12, 12]  # 3 prompts x 4 samples, one call per agent
 

@@ -160,8 +160,10 @@ class MultiAgentTrainer:
     def generation_settings(self, train: bool = True) -> GenerationSettings:
         a = self.args
         if train:
-            return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length)
-        return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k, a.max_prompt_length)
+            return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length,
+                                      a.fast_generation)
+        return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k,
+                                  a.max_prompt_length, a.fast_generation)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
