@@ -12,6 +12,8 @@ ALGORITHMS = {
     "mareinforce": "no baseline (MAREINFORCE)",
     "marloo": "leave-one-out baseline (MARLOO)",
     "maremax": "group-max baseline (MAREMAX)",
+    "iac": "independent actor-critic, a value critic per agent (IAC)",
+    "maac": "multi-agent actor-critic, one centralized critic (MAAC)",
 }
 
 ENVS = {
@@ -59,6 +61,13 @@ training:
   save_total_limit: 2
 """
 
+# Actor-critic extras appended under `training:` (the critic is a copy of the actor's initial model unless
+# critic_model names a smaller one).
+CRITIC = {
+    "iac": "  critic_learning_rate: 1.0e-5\n  gae_lambda: 1.0\n  use_separate_critic: true\n",
+    "maac": "  critic_learning_rate: 1.0e-5\n  gae_lambda: 1.0\n  critic_type: v   # or q: Q(prompts, joint action)\n",
+}
+
 
 def main() -> None:
     here = Path(__file__).parent
@@ -66,6 +75,8 @@ def main() -> None:
         for algorithm, algo_note in ALGORITHMS.items():
             text = TEMPLATE.format(env=env, algorithm=algorithm, algo_note=algo_note,
                                    **{k: ("null" if v is None else v) for k, v in spec.items()})
+            if algorithm in CRITIC:
+                text += CRITIC[algorithm]
             (here / f"{env}_{algorithm}.yaml").write_text(text)
 
 

@@ -20,7 +20,7 @@ from tiny import tiny_model, tiny_tokenizer
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval")
-ALGOS = ("magrpo", "mareinforce", "marloo", "maremax")
+ALGOS = ("magrpo", "mareinforce", "marloo", "maremax", "iac", "maac")
 
 
 @pytest.fixture(scope="module")
