@@ -1,12 +1,16 @@
 """Time per training step of an embedded SmolLM2-135M team, split by stage, with peak memory.
 
 Config (issue 6): 2 agents, full fine-tune fp32, 8 prompts of ~40 tokens, num_generations=4,
-max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: full fine-tune,
-LoRA on a shared base (2 agents), LoRA on a shared base (4 agents). Each variant runs in its own
-process so that peak RSS is its own.
+max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: full fine-tune fp32
+(the reference config) and with bf16 autocast + bf16 rollouts; LoRA r=16 on one shared base for 2 agents (fp32
+and bf16) and 4 agents (bf16). Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the
+same run as the tokens/s baseline. Each variant runs in its own process so that peak RSS is its own.
 
-    python benchmarks/bench_train.py                 # all variants
-    python benchmarks/bench_train.py --variant lora2 --steps 4
+    python benchmarks/bench_train.py                      # every variant, a markdown table
+    python benchmarks/bench_train.py --variants lora2,lora4 --steps 4
+    python benchmarks/bench_train.py --variant lora2      # one variant, JSON
+
+MFU is measured against the fp32 matmul peak for fp32 variants and the bf16 peak for bf16 variants.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from pathlib import Path
 
 import torch
 
-VARIANTS = {"full2": dict(agents=2, lora=False), "lora2": dict(agents=2, lora=True), "lora4": dict(agents=4, lora=True)}
+# bf16: forward passes under bf16 autocast and bf16 rollouts (weights and AdamW states stay fp32)
+VARIANTS = {
+    "full2": dict(agents=2, lora=False, bf16=False),
+    "full2_bf16": dict(agents=2, lora=False, bf16=True),
+    "lora2_fp32": dict(agents=2, lora=True, bf16=False),
+    "lora2": dict(agents=2, lora=True, bf16=True),
+    "lora4": dict(agents=4, lora=True, bf16=True),
+}
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
 
 
@@ -48,7 +59,8 @@ def run_variant(name: str, steps: int) -> dict:
 
     spec = VARIANTS[name]
     args = MAGRPOConfig(per_device_train_batch_size=1, num_generations=4, max_new_tokens=64, max_steps=steps,
-                        learning_rate=1e-5, logging_steps=0, disable_tqdm=True, output_dir="/tmp/comlrl_bench")
+                        learning_rate=1e-5, logging_steps=0, disable_tqdm=True, output_dir="/tmp/comlrl_bench",
+                        bf16=spec["bf16"])
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear") if spec["lora"] else None
     trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(),
                             reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100], args=args, peft_config=peft)
@@ -71,28 +83,73 @@ def run_variant(name: str, steps: int) -> dict:
     }
 
 
+def run_generate(batch: int, rounds: int = 3) -> dict:
+    """Plain ``model.generate`` (fp32, temperature 1, top_p 1, KV cache) at the rollout batch of a variant:
+    generated tokens (up to EOS) per second, the baseline the rollout path is compared with."""
+    from comlrl.models import load_model, load_tokenizer
+    from comlrl.rollout import completion_mask, eos_ids, format_prompt, left_pad
+
+    model, tok = load_model("embedded").eval(), load_tokenizer("embedded")
+    stop = eos_ids(model, tok)
+    tokens, seconds = 0, 0.0
+    for r, row in enumerate(prompts()[:rounds]):
+        ids, mask = left_pad([format_prompt(tok, row["prompt"], False)] * batch, tok.pad_token_id)
+        torch.manual_seed(r)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=64, do_sample=True, temperature=1.0,
+                                 top_p=1.0, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=stop, use_cache=True)
+        seconds += time.perf_counter() - start
+        tokens += int(completion_mask(out[:, ids.shape[1]:], stop)[0].sum())
+    return {"variant": f"generate_b{batch}", "tokens_per_s": tokens / seconds,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+
+
+def _subprocess(args: list[str]) -> dict | None:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        print(args, "failed:", out.stderr[-2000:])
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=sorted(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run")
+    parser.add_argument("--generate-batch", type=int, help="(internal) measure plain generate at this batch")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(ns.threads)
+    if ns.generate_batch:
+        print(json.dumps(run_generate(ns.generate_batch)))
+        return
     if ns.variant:
         print(json.dumps(run_variant(ns.variant, ns.steps)))
         return
-    peak = matmul_peak()
-    print(f"machine: {torch.get_num_threads()} threads, fp32 matmul peak {peak:.0f} GFLOP/s")
-    print(f"{'variant':8} {'s/step':>7} {'gen':>6} {'reward':>6} {'loss':>6} {'optim':>6} {'tok/s':>7} {'MFU':>6} {'RSS GB':>7}")
-    for name in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, "--variant", name, "--steps", str(ns.steps)],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            print(name, "failed:", out.stderr[-2000:])
+    peak, peak_bf16 = matmul_peak(), matmul_peak(torch.bfloat16)
+    print(f"machine: {torch.get_num_threads()} threads, matmul peak fp32 {peak:.0f} / bf16 {peak_bf16:.0f} GFLOP/s")
+    names = [n for n in ns.variants.split(",") if n]
+    batches = sorted({4 * (1 if not VARIANTS[n]["lora"] else VARIANTS[n]["agents"]) for n in names})
+    plain = {b: _subprocess(["--generate-batch", str(b), "--threads", str(ns.threads)]) for b in batches}
+    for b, r in plain.items():
+        if r:
+            print(f"plain generate fp32, batch {b:2d}: {r['tokens_per_s']:.1f} tok/s")
+    head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | MFU | peak RSS GB |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(head)
+    for name in names:
+        r = _subprocess(["--variant", name, "--steps", str(ns.steps), "--threads", str(ns.threads)])
+        if r is None:
             continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{name:8} {r['sec_per_step']:7.2f} {r['sec_generate']:6.2f} {r['sec_reward']:6.3f} {r['sec_loss']:6.2f} "
-              f"{r['sec_optimizer']:6.2f} {r['rollout_tokens_per_s']:7.1f} {r['train_gflops_per_s'] / peak:6.1%} "
-              f"{r['peak_rss_gb']:7.2f}")
+        spec = VARIANTS[name]
+        base = plain.get(4 * (spec["agents"] if spec["lora"] else 1))
+        ratio = f"{r['rollout_tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
+        mfu = r["train_gflops_per_s"] / (peak_bf16 if spec["bf16"] else peak)
+        print(f"| {name} | {r['sec_per_step']:.2f} | {r['sec_generate']:.2f} | {r['sec_reward']:.3f} | {r['sec_loss']:.2f} "
+              f"| {r['sec_optimizer']:.2f} | {r['rollout_tokens_per_s']:.1f} | {ratio} | {mfu:.1%} | {r['peak_rss_gb']:.2f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ def tree_gae(
 
 
 def normalize(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """(A - mean) / std over all entries (advantage normalization option of the actor-critic trainers)."""
+    """(A - mean) / std over all entries (advantage normalization of the actor-critic trainers); a single advantage is
+    returned as is (centering it would zero the only learning signal)."""
     if advantages.numel() < 2:
-        return advantages - advantages.mean()
+        return advantages
     return (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)

@@ -249,7 +249,7 @@ def make_generate(trainer: Any, batch_size: int = 8) -> Any:
             batch = prompts[lo:lo + batch_size]
             adapters = [agent.adapter] * len(batch) if agent.adapter is not None else None
             samples = generate_batch(agent.model, agent.tokenizer, batch, 1, settings, agent.chat,
-                                     trainer.autocast_dtype, adapters)
+                                     trainer.rollout_dtype, adapters)
             out.extend(samples.texts)
         return out
 

@@ -6,9 +6,11 @@ each agent in its own process, and with data parallelism each replica generates 
 rows; for such a run to sample exactly what the single-process run samples, row k's randomness must come
 from a stream keyed by (seed, step, turn, agent, row, sample) alone. Both modes use this sampler.
 
-Sampling is the Gumbel-max trick: argmax(warped logits + Gumbel noise) is an exact sample of
-softmax(warped logits) (Gumbel 1954; Maddison, Tarlow & Minka 2014, "A* Sampling"), with row k's noise drawn
-from a ``torch.Generator`` seeded by row k's key. Warping follows ``generate``'s order and semantics
+Inside ``generate`` (a logits processor) sampling is the Gumbel-max trick: argmax(warped logits + Gumbel noise) is
+an exact sample of softmax(warped logits) (Gumbel 1954; Maddison, Tarlow & Minka 2014, "A* Sampling"), with row k's
+noise drawn from a ``torch.Generator`` seeded by row k's key. comlrl's own decode loop calls ``sample`` instead: an
+inverse-CDF draw with one uniform per row from the same generator (V times fewer random numbers). Both are exact
+samples; a run is reproducible for a given decode path. Warping follows ``generate``'s order and semantics
 (temperature, then top-k, then top-p), with transformers' own warpers.
 """
 
@@ -20,6 +22,8 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .fastgen import inverse_cdf_pick
 
 
 def derive_seed(*parts: object) -> int:
@@ -72,7 +76,23 @@ class RowSeededSampler(LogitsProcessor):
             self.warpers.append(TopPLogitsWarper(top_p))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = self.warp(scores)
+        return scores + gumbel_noise(scores, self.generators)
+
+    def warp(self, scores: torch.Tensor) -> torch.Tensor:
+        """fp32 scores after temperature, top-k and top-p (transformers' warpers, in ``generate``'s order)."""
         scores = scores.float()
         for warp in self.warpers:
-            scores = warp(input_ids, scores)
-        return scores + gumbel_noise(scores, self.generators)
+            scores = warp(None, scores)
+        return scores
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """Next tokens (B,) drawn by inverse CDF with one uniform per row from that row's generator.
+
+        The same per-row determinism as the Gumbel path at 1/V of the random numbers (V=49k: ~0.4 ms per row and
+        step saved on CPU); a different, equally exact draw, so a run is reproducible per decode path.
+        """
+        if len(self.generators) != logits.shape[0]:
+            raise ValueError(f"{len(self.generators)} row generators for a batch of {logits.shape[0]} rows")
+        u = torch.stack([torch.rand(1, generator=g, device=logits.device) for g in self.generators])  # (B, 1)
+        return inverse_cdf_pick(self.warp(logits).softmax(dim=-1), u)

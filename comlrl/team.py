@@ -48,12 +48,15 @@ def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_confi
 
 
 def adapter_parameters(model: torch.nn.Module, name: str | None) -> list[torch.nn.Parameter]:
-    """Trainable parameters of one agent: its adapter's weights, or every parameter when there is no adapter."""
+    """Trainable parameters of one agent: its adapter's weights (kept in fp32 whatever the base's dtype), or every
+    parameter when there is no adapter."""
     if name is None:
         return [p for p in model.parameters() if p.requires_grad]
     marker = f".{name}."
     params = [p for n, p in model.named_parameters() if marker in n]
     for p in params:
+        if p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
         p.requires_grad_(True)
     return params
 

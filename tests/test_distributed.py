@@ -113,6 +113,21 @@ def test_gumbel_sampling_draws_from_the_softmax():
     assert freq[4] == 0  # filtered tokens are never sampled
 
 
+def test_row_seeded_inverse_cdf_sampling_draws_from_the_warped_softmax():
+    from comlrl.sampling import RowSeededSampler
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf")]]).repeat(20000, 1)
+    sampler = RowSeededSampler(range(20000), temperature=0.7, top_k=3)
+    tokens = sampler.sample(logits)
+    freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    expected = torch.cat([(logits[0, :3] / 0.7).softmax(-1), torch.zeros(2)])  # top-3 after temperature
+    torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)
+    assert freq[3:].sum() == 0  # top-k and -inf tokens are never sampled
+    # row k's token depends on its own seed only: the last 10 rows alone draw what they drew in the big batch
+    alone = RowSeededSampler(range(19990, 20000), temperature=0.7, top_k=3).sample(logits[:10])
+    assert torch.equal(alone, tokens[-10:])
+
+
 # --- launching -----------------------------------------------------------------------------------
 
 

@@ -152,13 +152,41 @@ def test_peft_lora_matches_generate(backend):
     assert not torch.equal(ref, base)  # the adapter does change the outputs
 
 
-def test_peft_adapter_names():
+@pytest.mark.parametrize("backend", ["llama", "generic"])
+def test_peft_adapter_names(backend):
     model = lora_model(("one", "two"))
     ids, mask = left_pad(PROMPTS, 0)
-    # one adapter for all rows (Llama fast path) / mixed adapters (generic path)
+    # one adapter for all rows (folded into the snapshot) / mixed adapters (shared base + per-row LoRA deltas)
     for names in (["two"] * len(PROMPTS), ["one", "two", "__base__", "two", "one"]):
         ref = hf_greedy(model, ids, mask, 0, [2], 12, adapter_names=names)
-        assert torch.equal(greedy(model, ids, mask, 0, [2], 12, adapter_names=names), ref)
+        assert torch.equal(greedy(model, ids, mask, 0, [2], 12, adapter_names=names, backend=backend), ref)
+
+
+def test_mixed_adapters_same_prompt_not_merged():
+    """A shared-base team batch: the same prompt for every agent, agent-major rows, G samples each. The prefill of
+    distinct rows must keep one row per (prompt, adapter), and each agent's rows must match that agent alone."""
+    model = lora_model(("agent_0", "agent_1", "agent_2"))
+    prompts = [PROMPTS[0], PROMPTS[2]] * 3  # agent-major: agent i gets rows 2i, 2i+1
+    names = [f"agent_{i}" for i in range(3) for _ in range(2)]
+    ids, mask = left_pad(prompts, 0)
+    mixed = greedy(model, ids, mask, 0, [2], 10, adapter_names=names, backend="llama")
+    alone = []
+    for i in range(3):
+        model.set_adapter(f"agent_{i}")
+        alone.append(greedy(model, ids[2 * i: 2 * i + 2], mask[2 * i: 2 * i + 2], 0, [2], 10, backend="llama"))
+    assert torch.equal(mixed[:2, : alone[0].shape[1]], alone[0])
+    assert torch.equal(mixed[2:4, : alone[1].shape[1]], alone[1])
+    assert torch.equal(mixed[4:, : alone[2].shape[1]], alone[2])
+    assert not torch.equal(alone[0], alone[1])  # the adapters do differ
+    # bf16 decode with routed adapters stays close to the fp32 logits of the model itself
+    dec = _LlamaDecoder(model.base_model.model, len(names), ids.shape[1] + 1, torch.bfloat16, "__base__", routed=names)
+    logits = dec.prefill(ids, mask)
+    with torch.no_grad():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ref = torch.cat([model(input_ids=ids[r:r + 1], attention_mask=mask[r:r + 1], position_ids=pos[r:r + 1],
+                               adapter_names=[n]).logits[:, -1] for r, n in enumerate(names)])
+    assert torch.allclose(logits, ref, atol=0.03 * ref.abs().max().item())
+    assert (logits.argmax(-1) == ref.argmax(-1)).all()
 
 
 # --- sampling distribution --------------------------------------------------------------------------------------------

@@ -91,6 +91,8 @@ class MultiAgentTrainer:
         local = self.dist.local_agents if self.dist else list(range(self.num_agents))  # agents whose weights live here
         here = [sources[i] for i in local]
         models = build_models(here, share=share)
+        if peft_config is not None and self.args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
+            models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
         tokenizers = build_tokenizers(tokenizer, sources, local)
         self.formatters = fmts = build_formatters(formatters, self.num_agents)  # every agent's: prompts of the whole team
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
@@ -168,6 +170,12 @@ class MultiAgentTrainer:
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         return torch.bfloat16 if self.args.bf16 else None
+
+    @property
+    def rollout_dtype(self) -> torch.dtype | None:
+        """Compute dtype of generation: ``args.rollout_dtype`` when set, else the training forward's."""
+        name = self.args.rollout_dtype
+        return getattr(torch, name) if name else self.autocast_dtype
 
     # ------------------------------------------------------------------ data
     def _batches(self) -> Iterator[tuple[list[dict], list[int]]]:
@@ -282,7 +290,7 @@ class MultiAgentTrainer:
             self.agents, nodes, reward_func=reward_func, num_generations=num_generations, settings=settings,
             joint_mode=getattr(self.args, "joint_mode", "align"), num_turns=self.args.num_turns, external_transition=self.external_transition,
             termination_threshold=self.args.termination_threshold, reward_processor=self.reward_processor,
-            autocast_dtype=self.autocast_dtype, seed=seed,
+            autocast_dtype=self.rollout_dtype, seed=seed,
             generate_fn=d.generate_team if d else None, run_once=d.run_once if d else None,
         )
 

