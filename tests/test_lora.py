@@ -45,6 +45,19 @@ def test_shared_base_holds_one_base_and_trains_only_adapters():
         assert any(not torch.equal(p, q) for p, q in zip(a.params, before)), a.adapter
 
 
+def test_bf16_lora_team_stores_the_frozen_base_in_bf16_and_adapters_in_fp32():
+    t = trainer(bf16=True)
+    model = t.agents[0].model
+    base = [p for n, p in model.named_parameters() if "lora_" not in n]
+    assert base and all(p.dtype == torch.bfloat16 for p in base)
+    assert all(p.dtype == torch.float32 and p.requires_grad for a in t.agents for p in a.params)
+    before = [[p.detach().clone() for p in a.params] for a in t.agents]
+    out = t.train()
+    assert all(torch.isfinite(torch.tensor(h["reward/mean"])) for h in out["history"])
+    for a, b in zip(t.agents, before):  # fp32 adapters receive the updates (a bf16 weight could round them away)
+        assert any(not torch.equal(p, q) for p, q in zip(a.params, b)), a.adapter
+
+
 def _sync_adapters(src, dst):
     """Give both teams identical, non-trivial adapter weights (B = 0 at init would hide A's gradient)."""
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ from ..tracking import Tracker
 from .episode import Episode, episode_advantages, root_nodes, run_episode
 from ..team import active_adapter, adapter_parameters, build_lora_team, reference_mode
 from .setup import (Agent, apply_formatter, build_formatters, build_models, build_optimizer, build_tokenizers,
-                    chat_flags, resolve_device, set_seed, source_groups, team_sources)
+                    chat_flags, release_freed_memory, resolve_device, set_seed, source_groups, team_sources)
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +373,7 @@ class MultiAgentTrainer:
         agent.optimizer.step()
         agent.scheduler.step()
         agent.optimizer.zero_grad(set_to_none=True)
+        release_freed_memory()
         return norm
 
     # ------------------------------------------------------------------ metrics

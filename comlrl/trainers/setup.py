@@ -171,3 +171,25 @@ def _fused_ok(params: list) -> bool:
     devices = {p.device for p in params}
     return (len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
             and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params))
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand memory that Python/torch freed back to the OS (glibc only; a no-op elsewhere).
+
+    Why: glibc keeps freed heap pages of the gradients and activations of a step mapped, so a full fine-tune's
+    resident set stayed ~0.6 GB above its live tensors between steps (measured, SmolLM2-135M x 2 agents, CPU).
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
