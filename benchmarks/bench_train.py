@@ -3,7 +3,7 @@
 Config (issue 6): 2 agents, full fine-tune fp32, 8 prompts of ~40 tokens, num_generations=4,
 max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: full fine-tune fp32 (the reference
 config), the same with loss micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollouts,
-bf16 autocast + bf16 rollouts; LoRA r=16 on one shared base for 2 agents (fp32 and bf16) and 4 agents (bf16).
+bf16 autocast + bf16 rollouts (also with gradient checkpointing); LoRA r=16 on one shared base for 2 agents (fp32 and bf16) and 4 agents (bf16).
 Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the same run as the tokens/s
 baseline. Each variant runs in its own process so that peak RSS is its own.
 
@@ -34,6 +34,7 @@ VARIANTS = {
     "full2_gc": dict(agents=2, lora=False, bf16=False, gradient_checkpointing=True),
     "full2_bf16roll": dict(agents=2, lora=False, bf16=False, rollout_dtype="bfloat16"),
     "full2_bf16": dict(agents=2, lora=False, bf16=True),
+    "full2_bf16_gc": dict(agents=2, lora=False, bf16=True, gradient_checkpointing=True),
     "lora2_fp32": dict(agents=2, lora=True, bf16=False),
     "lora2": dict(agents=2, lora=True, bf16=True),
     "lora4": dict(agents=4, lora=True, bf16=True),

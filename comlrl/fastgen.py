@@ -641,8 +641,15 @@ def _check_llama_layout(base: nn.Module, max_len: int) -> None:
         extra = {n for n, _ in attn.named_children()} - {"q_proj", "k_proj", "v_proj", "o_proj"}
         if extra or not hasattr(layer.mlp, "gate_proj"):
             raise _Unsupported(f"attention/mlp submodules {sorted(extra)}")
-    if any(h._forward_hooks or h._forward_pre_hooks for h in base.modules()):
+    if any(not _harmless_hooks(h) for h in base.modules()):
         raise _Unsupported("forward hooks")
+
+
+def _harmless_hooks(module: nn.Module) -> bool:
+    """Whether the module's forward hooks (if any) leave its outputs' values alone: the only one known to is the
+    ``requires_grad`` switch transformers puts on the input embeddings for gradient checkpointing / PEFT."""
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    return all(getattr(h, "__name__", "") == "make_inputs_require_grads" for h in hooks)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -301,6 +301,18 @@ def test_unsupported_layout_falls_back_to_generic():
     assert isinstance(fastgen._make_decoder(model, 1, 8, None), fastgen._HFDecoder)
 
 
+def test_gradient_checkpointing_keeps_the_llama_path_but_other_hooks_do_not():
+    model = tiny_model()
+    model.gradient_checkpointing_enable()  # puts a requires_grad hook on the input embeddings
+    model.enable_input_require_grads()
+    model.eval()
+    assert isinstance(fastgen._make_decoder(model, 1, 8, None), _LlamaDecoder)
+    ids, mask = left_pad(PROMPTS, 0)
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 8, backend="llama"), hf_greedy(model, ids, mask, 0, [2], 8))
+    model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)  # changes the outputs
+    assert isinstance(fastgen._make_decoder(model, 1, 8, None), fastgen._HFDecoder)
+
+
 # --- the real model ---------------------------------------------------------------------------------------------------
 
 
