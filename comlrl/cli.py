@@ -209,7 +209,7 @@ def _short(text: str, n: int = 160) -> str:
 # --- eval ------------------------------------------------------------------------------------------
 
 
-def cmd_eval(ns: argparse.Namespace) -> int:
+def cmd_evaluate(ns: argparse.Namespace) -> int:
     cfg = runconfig.load_config(ns.config, ns.set)
     if not cfg.data.eval_limit:
         raise ComlrlError("eval needs evaluation rows: set data.eval_limit > 0 (e.g. --set data.eval_limit=16).")
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="single, parallel, sequential or discussion (repeatable).")
     p.add_argument("--set", **setting)
     p.add_argument("--output", help="Also write the results as JSON to this file.")
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("report", help="Plots and a Markdown summary of a run directory.",
                        description="Write report/*.png and report.md into RUN_DIR from its metrics and samples.")

