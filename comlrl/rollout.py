@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
+from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from .fastgen import fast_generate, supports_fast_generate
@@ -185,10 +186,35 @@ def completion_logprobs(
     # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     c = completion_ids.shape[1]
-    with _contiguous_head_input(model):
+    with _contiguous_head_input(model), training_attention(model):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=c + 1,
                        use_cache=False).logits
     return token_logprobs(logits[:, :-1, :], completion_ids)  # (B, C)
+
+
+@contextlib.contextmanager
+def training_attention(model: nn.Module) -> Iterator[None]:
+    """Run the block's attention eagerly when it trains in bf16 on CPU (a model set to ``sdpa``); else leave it.
+
+    Why: torch's CPU flash-attention backward is slow in bf16 at RL shapes. Measured on SmolLM2-135M, 4 x 104 tokens,
+    2 cores: 11.5 ms per layer against ~2.5 ms for eager attention's matmuls + softmax; a forward+backward went
+    1.58 -> 1.28 s (LoRA on a bf16 base) and 1.86 -> 1.47 s (full fine-tune, bf16 autocast). fp32 gained nothing,
+    and no-grad forwards keep SDPA (its forward is the fast part).
+    """
+    inner = getattr(model, "get_base_model", lambda: model)()
+    config = getattr(inner, "config", None)
+    param = next(inner.parameters(), None)
+    bf16 = param is not None and (param.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16))
+    if (not bf16 or config is None or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not torch.is_grad_enabled() or param.device.type != "cpu" or not hasattr(inner, "set_attn_implementation")):
+        yield
+        return
+    inner.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        inner.set_attn_implementation("sdpa")
 
 
 @contextlib.contextmanager

@@ -128,3 +128,24 @@ def test_ratio_clipping_and_kl():
     k3 = torch.exp(torch.tensor(-1.0)) - (-1.0) - 1  # delta = ref - logp = -1 on token 2
     torch.testing.assert_close(mk["kl"], 0.5 * k3)
     torch.testing.assert_close(loss_kl, 0.1 * 0.5 * k3)
+
+
+def test_bf16_training_forward_runs_eager_attention_and_matches_sdpa():
+    """On CPU, a bf16 forward with grad switches SDPA to eager attention for the block only (same values)."""
+    model = tiny_model()
+    assert model.config._attn_implementation == "sdpa"
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(lambda m, a: seen.append(m.config._attn_implementation))
+    p_ids, p_mask, c_ids, c_mask, _ = batch(extra_left=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trained = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+        with torch.no_grad():
+            reference = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    fp32 = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    assert seen == ["eager", "sdpa", "sdpa"]
+    assert model.config._attn_implementation == "sdpa"
+    mask = c_mask.bool()
+    torch.testing.assert_close(trained[mask], reference[mask], atol=3e-2, rtol=0)
+    torch.testing.assert_close(trained[mask], fp32[mask], atol=5e-2, rtol=0)
+    (trained * c_mask).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
