@@ -206,8 +206,10 @@ def training_attention(model: nn.Module) -> Iterator[None]:
     param = next(inner.parameters(), None)
     bf16 = param is not None and (param.dtype == torch.bfloat16 or (
         torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16))
+    # Gradient checkpointing re-runs the forward during backward, outside this block: it must see the same attention.
     if (not bf16 or config is None or getattr(config, "_attn_implementation", None) != "sdpa"
-            or not torch.is_grad_enabled() or param.device.type != "cpu" or not hasattr(inner, "set_attn_implementation")):
+            or not torch.is_grad_enabled() or param.device.type != "cpu" or not hasattr(inner, "set_attn_implementation")
+            or getattr(inner, "is_gradient_checkpointing", False)):
         yield
         return
     inner.set_attn_implementation("eager")

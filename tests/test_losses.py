@@ -149,3 +149,16 @@ def test_bf16_training_forward_runs_eager_attention_and_matches_sdpa():
     torch.testing.assert_close(trained[mask], fp32[mask], atol=5e-2, rtol=0)
     (trained * c_mask).sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_bf16_training_forward_with_gradient_checkpointing_keeps_its_attention():
+    """Checkpointed layers recompute during backward, after the forward block: the attention must not switch."""
+    model = tiny_model()
+    model.gradient_checkpointing_enable()
+    model.train()
+    p_ids, p_mask, c_ids, c_mask, _ = batch(extra_left=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    (logp * c_mask).sum().backward()
+    assert model.config._attn_implementation == "sdpa"
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
