@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from .fastgen import fast_generate, supports_fast_generate
+from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate
+from .losses import head_logprobs, token_logprobs
 from .sampling import RowSeededSampler
 
 
@@ -175,21 +176,54 @@ def completion_logprobs(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """log p(completion token | prefix) for every completion position: (B, C). Positions are taken from the mask.
+    """log p(completion token | prefix) for every completion position: (B, C), 0 where ``completion_mask`` is 0.
+    Positions are taken from the mask.
 
-    Only the last C+1 positions' logits are computed (``logits_to_keep``), never the prompt's.
+    Logits are computed for real completion tokens only, never the prompt's or padding: for models whose logits are
+    a plain output projection of the decoder's last hidden state (Llama-layout), through
+    :func:`comlrl.losses.head_logprobs`, which never holds more than ~32 MB of logits in forward or backward;
+    otherwise through the model's own head on the last C+1 positions (``logits_to_keep``).
     """
-    from .losses import token_logprobs
-
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    parts = _decoder_and_head(model)
+    with training_attention(model):
+        if parts is None:
+            return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
+        decoder, head = parts
+        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
+    p, real = prompt_ids.shape[1], completion_mask.bool()
+    states = hidden[:, p - 1 : -1][real]  # (N, H): the state before each real completion token
+    device_type = states.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else head.weight.dtype
+    logp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=states.device)  # (B, C)
+    logp[real] = head_logprobs(states, head.weight, head.bias, completion_ids[real], dtype=dtype).float()
+    return logp
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """(decoder, output layer) when the model's logits are exactly ``head(decoder(...).last_hidden_state)``."""
+    inner = getattr(model, "get_base_model", lambda: model)()
+    config = getattr(inner, "config", None)
+    if getattr(config, "model_type", None) not in LLAMA_LAYOUTS or getattr(config, "final_logit_softcapping", None):
+        return None
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else None
+    if type(head) is not nn.Linear or decoder is None or decoder is inner:
+        return None  # e.g. a LoRA-wrapped head
+    return decoder, head
+
+
+def _logits_logprobs(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                     completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """completion_logprobs through the model's own logits (the last C+1 positions only), 0 on padding."""
     c = completion_ids.shape[1]
-    with _contiguous_head_input(model), training_attention(model):
+    with _contiguous_head_input(model):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=c + 1,
                        use_cache=False).logits
-    return token_logprobs(logits[:, :-1, :], completion_ids)  # (B, C)
+    return token_logprobs(logits[:, :-1, :], completion_ids) * completion_mask  # (B, C)
 
 
 @contextlib.contextmanager
@@ -209,7 +243,7 @@ def training_attention(model: nn.Module) -> Iterator[None]:
     # Gradient checkpointing re-runs the forward during backward, outside this block: it must see the same attention.
     if (not bf16 or config is None or getattr(config, "_attn_implementation", None) != "sdpa"
             or not torch.is_grad_enabled() or param.device.type != "cpu" or not hasattr(inner, "set_attn_implementation")
-            or getattr(inner, "is_gradient_checkpointing", False)):
+            or _checkpointing(inner)):
         yield
         return
     inner.set_attn_implementation("eager")
@@ -217,6 +251,12 @@ def training_attention(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         inner.set_attn_implementation("sdpa")
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether the transformers model recomputes its layers during backward (activation checkpointing)."""
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x; older: is_gradient_checkpointing
+    return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
 
 
 @contextlib.contextmanager

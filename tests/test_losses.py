@@ -162,3 +162,68 @@ def test_bf16_training_forward_with_gradient_checkpointing_keeps_its_attention()
     (logp * c_mask).sum().backward()
     assert model.config._attn_implementation == "sdpa"
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def _logits_path(model, p_ids, p_mask, c_ids, c_mask):
+    from comlrl.rollout import _logits_logprobs
+
+    ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
+    return _logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_chunked_head_logprobs_equal_the_models_logits(tied):
+    """The decoder + chunked output-layer path gives the model's own log-probs and gradients (fp32, to 1e-5)."""
+    from comlrl.losses import head_logprobs
+    from comlrl.rollout import _decoder_and_head
+
+    model = tiny_model(seed=3)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    assert _decoder_and_head(model) is not None
+    p_ids, p_mask, c_ids, c_mask, adv = batch(extra_left=1, extra_right=2)
+    weights = torch.randn(c_ids.shape)
+    results = []
+    for fn in (completion_logprobs, _logits_path):
+        model.zero_grad()
+        logp = fn(model, p_ids, p_mask, c_ids, c_mask)
+        (logp * weights * c_mask).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (fast, fast_grads), (ref, ref_grads) = results
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    assert (fast[c_mask == 0] == 0).all()
+    for name in ref_grads:
+        torch.testing.assert_close(fast_grads[name], ref_grads[name], atol=1e-5, rtol=1e-4)
+    # chunking changes nothing: 3 rows of logits at a time vs all at once
+    h = torch.randn(10, 32, requires_grad=True)
+    labels = torch.randint(0, 259, (10,))
+    a = head_logprobs(h, model.lm_head.weight, None, labels, chunk=3)
+    b = head_logprobs(h, model.lm_head.weight, None, labels, chunk=100)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(torch.autograd.grad(a.sum(), h)[0], torch.autograd.grad(b.sum(), h)[0])
+
+
+def test_chunked_head_path_with_lora_and_bf16_autocast():
+    """LoRA adapters get the same gradients through the chunked head; a LoRA-wrapped head uses the model's logits."""
+    from peft import LoraConfig, get_peft_model
+
+    from comlrl.rollout import _decoder_and_head
+
+    p_ids, p_mask, c_ids, c_mask, _ = batch(extra_left=2)
+    model = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                          init_lora_weights=False))
+    grads = []
+    for fn in (completion_logprobs, _logits_path):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = fn(model, p_ids, p_mask, c_ids, c_mask)
+        (logp * c_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        scale = grads[1][name].abs().max().clamp(min=1e-3)
+        assert (grads[0][name] - grads[1][name]).abs().max() / scale < 0.1, name
+    headed = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, target_modules=["lm_head", "q_proj"]))
+    assert _decoder_and_head(headed) is None
+    logp = completion_logprobs(headed, p_ids, p_mask, c_ids, c_mask)
+    torch.testing.assert_close(logp, _logits_path(headed, p_ids, p_mask, c_ids, c_mask))
