@@ -18,26 +18,36 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 class _HeadLogprobs(torch.autograd.Function):
-    """log softmax(h W^T + b)[label] per row, ``chunk`` rows of logits at a time; backward recomputes each chunk."""
+    """log softmax(h W^T + b)[label] per row, ``chunk`` rows of logits at a time.
+
+    Backward needs softmax(logits): it keeps the logits (in the matmul dtype) with their log-sum-exp when they fit in
+    ``keep_bytes``, else recomputes each chunk's logits (one more output-layer matmul, no (N, V) tensor held).
+    """
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                dtype: torch.dtype, chunk: int) -> torch.Tensor:
+                dtype: torch.dtype, chunk: int, keep_bytes: int) -> torch.Tensor:
         ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.dtype, ctx.chunk = dtype, chunk
+        keep = hidden.shape[0] * weight.shape[0] * torch.finfo(dtype).bits // 8 <= keep_bytes
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
         acc = torch.promote_types(dtype, torch.float32)  # softmax statistics: fp32 (fp64 for fp64 inputs)
         out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+        ctx.kept = []  # (logits (n, V) in dtype, logsumexp (n,) in acc) per chunk
         with torch.autocast(hidden.device.type, enabled=False):
             for lo in range(0, hidden.shape[0], chunk):
-                logits = F.linear(hidden[lo : lo + chunk].to(dtype), w, b).to(acc)  # (n, V)
-                out[lo : lo + chunk] = logits.gather(-1, labels[lo : lo + chunk, None])[:, 0] - logits.logsumexp(-1)
+                logits = F.linear(hidden[lo : lo + chunk].to(dtype), w, b)  # (n, V)
+                wide = logits.to(acc)
+                lse = wide.logsumexp(-1)
+                out[lo : lo + chunk] = wide.gather(-1, labels[lo : lo + chunk, None])[:, 0] - lse
+                if keep:
+                    ctx.kept.append((logits, lse))
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         hidden, weight, bias, labels = ctx.saved_tensors
-        dtype, chunk = ctx.dtype, ctx.chunk
+        dtype, chunk, kept = ctx.dtype, ctx.chunk, ctx.kept
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
         acc = torch.promote_types(dtype, torch.float32)
@@ -45,35 +55,40 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None
         with torch.autocast(hidden.device.type, enabled=False):
-            for lo in range(0, hidden.shape[0], chunk):
+            for k, lo in enumerate(range(0, hidden.shape[0], chunk)):
                 h = hidden[lo : lo + chunk].to(dtype)
-                g = grad[lo : lo + chunk, None]  # (n, 1)
+                g = grad[lo : lo + chunk, None].to(acc)  # (n, 1)
+                if kept:
+                    logits, lse = kept[k]
+                    probs = (logits.to(acc) - lse[:, None]).exp_()
+                else:
+                    probs = torch.softmax(F.linear(h, w, b).to(acc), dim=-1)
                 # d logp / d logits = onehot(label) - softmax(logits)
-                dz = torch.softmax(F.linear(h, w, b).to(acc), dim=-1).mul_(-g.to(acc))
-                dz.scatter_add_(-1, labels[lo : lo + chunk, None], g.to(acc))
-                dz = dz.to(dtype)
+                dz = probs.mul_(-g).scatter_add_(-1, labels[lo : lo + chunk, None], g).to(dtype)  # (n, V)
                 if need_h:
                     grad_h[lo : lo + chunk] = dz @ w
                 if need_w:
-                    grad_w += (dz.T @ h).to(acc)
+                    grad_w.add_(dz.T @ h)
                 if need_b:
-                    grad_b += dz.to(acc).sum(0)
+                    grad_b.add_(dz.sum(0))
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                  dtype: torch.dtype | None = None, chunk: int | None = None) -> torch.Tensor:
+                  dtype: torch.dtype | None = None, chunk: int | None = None, keep_bytes: int = 64 << 20) -> torch.Tensor:
     """log p(labels) under an output layer: (N, H) hidden states, (V, H) weight, (N,) labels -> (N,) fp32 (fp64 if
     ``dtype`` is fp64).
 
     Same values and gradients as ``token_logprobs(F.linear(hidden, weight, bias), labels)`` (matmuls in ``dtype``,
-    softmax statistics in fp32), but only ``chunk`` rows of (N, V) logits exist at a time, in forward and backward.
-    ``dtype``: compute dtype of the matmuls (default: the weight's); ``chunk``: default ~32 MB of fp32 logits.
+    softmax statistics in fp32), without the fp32 copy of the logits and with only ``chunk`` rows of fp32
+    temporaries at a time. ``dtype``: compute dtype of the matmuls (default: the weight's); ``chunk``: default
+    ~32 MB of fp32 logits. Backward keeps the logits in ``dtype`` if they fit in ``keep_bytes``, else recomputes them
+    chunk by chunk (memory bounded whatever N).
     """
     dtype = dtype or weight.dtype
     chunk = chunk or max(1, (32 << 20) // (4 * weight.shape[0]))
-    return _HeadLogprobs.apply(hidden, weight, bias, labels, dtype, chunk)
+    return _HeadLogprobs.apply(hidden, weight, bias, labels, dtype, chunk, keep_bytes)
 
 
 def loss_weights(masks: list[torch.Tensor], loss_type: str) -> list[torch.Tensor]:

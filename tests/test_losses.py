@@ -197,8 +197,8 @@ def test_chunked_head_logprobs_equal_the_models_logits(tied):
     # chunking changes nothing: 3 rows of logits at a time vs all at once
     h = torch.randn(10, 32, requires_grad=True)
     labels = torch.randint(0, 259, (10,))
-    a = head_logprobs(h, model.lm_head.weight, None, labels, chunk=3)
-    b = head_logprobs(h, model.lm_head.weight, None, labels, chunk=100)
+    a = head_logprobs(h, model.lm_head.weight, None, labels, chunk=3, keep_bytes=0)  # recomputed in backward
+    b = head_logprobs(h, model.lm_head.weight, None, labels, chunk=100)  # kept
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(torch.autograd.grad(a.sum(), h)[0], torch.autograd.grad(b.sum(), h)[0])
 
@@ -227,3 +227,15 @@ def test_chunked_head_path_with_lora_and_bf16_autocast():
     assert _decoder_and_head(headed) is None
     logp = completion_logprobs(headed, p_ids, p_mask, c_ids, c_mask)
     torch.testing.assert_close(logp, _logits_path(headed, p_ids, p_mask, c_ids, c_mask))
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 20])
+def test_head_logprobs_gradcheck(keep_bytes):
+    """Analytic gradients of the chunked output-layer log-probs (recomputed or kept logits) match finite differences."""
+    from comlrl.losses import head_logprobs
+
+    torch.manual_seed(0)
+    h, w, b = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in [(5, 4), (7, 4), (7,)])
+    labels = torch.randint(0, 7, (5,))
+    assert torch.autograd.gradcheck(lambda h, w, b: head_logprobs(h, w, b, labels, chunk=2, keep_bytes=keep_bytes),
+                                    (h, w, b))
