@@ -185,7 +185,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _update_critic(self, critic: Critic, batches: list[CriticBatch]) -> float:
         """One optimizer step on the MSE (optionally clipped) between V and the targets; returns the mean loss."""
-        critic.model.train()
+        if not critic.model.training:
+            critic.model.train()
         critic.optimizer.zero_grad(set_to_none=True)
         total = sum(b.ids.shape[0] for b in batches)
         chunk = self.args.forward_batch_size or max(total, 1)
