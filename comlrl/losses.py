@@ -52,8 +52,7 @@ class _HeadLogprobs(torch.autograd.Function):
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
         acc = torch.promote_types(dtype, torch.float32)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
-        grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None
+        grad_w = grad_b = None  # accumulated in ``acc`` over chunks (addmm_ in place when dtype == acc: no temporary)
         with torch.autocast(hidden.device.type, enabled=False):
             for k, lo in enumerate(range(0, hidden.shape[0], chunk)):
                 h = hidden[lo : lo + chunk].to(dtype)
@@ -68,9 +67,15 @@ class _HeadLogprobs(torch.autograd.Function):
                 if need_h:
                     grad_h[lo : lo + chunk] = dz @ w
                 if need_w:
-                    grad_w.add_(dz.T @ h)
+                    if grad_w is None:
+                        grad_w = (dz.T @ h).to(acc)  # (V, H)
+                    elif dz.dtype == acc:
+                        grad_w.addmm_(dz.T, h)
+                    else:
+                        grad_w.add_(dz.T @ h)
                 if need_b:
-                    grad_b.add_(dz.sum(0))
+                    part = dz.to(acc).sum(0)
+                    grad_b = part if grad_b is None else grad_b.add_(part)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
 
