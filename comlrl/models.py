@@ -161,3 +161,11 @@ def copy_model(model: PreTrainedModel) -> PreTrainedModel:
 def model_config(source: str) -> Any:
     """The config of a model source without loading weights."""
     return _from_pretrained(AutoConfig, resolve_source(source))
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether a (possibly PEFT-wrapped) transformers model recomputes its layers in backward (activation
+    checkpointing)."""
+    inner = getattr(model, "get_base_model", lambda: model)()
+    flag = getattr(inner, "is_activation_checkpointing", None)  # transformers >= 5.x; older: is_gradient_checkpointing
+    return bool(flag if flag is not None else getattr(inner, "is_gradient_checkpointing", False))

@@ -15,7 +15,9 @@ from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokeniz
 
 from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate
 from .losses import head_logprobs, token_logprobs
+from .models import is_checkpointing
 from .sampling import RowSeededSampler
+from .team import fused_lora_forward
 
 
 @dataclass
@@ -189,7 +191,7 @@ def completion_logprobs(
     # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     parts = _decoder_and_head(model)
-    with training_attention(model):
+    with training_attention(model), fused_lora_forward(model):
         if parts is None:
             return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
         decoder, head = parts
@@ -243,7 +245,7 @@ def training_attention(model: nn.Module) -> Iterator[None]:
     # Gradient checkpointing re-runs the forward during backward, outside this block: it must see the same attention.
     if (not bf16 or config is None or getattr(config, "_attn_implementation", None) != "sdpa"
             or not torch.is_grad_enabled() or param.device.type != "cpu" or not hasattr(inner, "set_attn_implementation")
-            or _checkpointing(inner)):
+            or is_checkpointing(inner)):
         yield
         return
     inner.set_attn_implementation("eager")
@@ -251,12 +253,6 @@ def training_attention(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         inner.set_attn_implementation("sdpa")
-
-
-def _checkpointing(model: nn.Module) -> bool:
-    """Whether the transformers model recomputes its layers during backward (activation checkpointing)."""
-    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x; older: is_gradient_checkpointing
-    return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,8 @@ from typing import Any, Iterator
 import torch
 from transformers import PreTrainedModel
 
+from .models import is_checkpointing
+
 
 def adapter_name(agent: int) -> str:
     return f"agent_{agent}"
@@ -81,3 +83,71 @@ def reference_mode(model: Any) -> Iterator[None]:
     """The frozen base behind a LoRA model (adapters disabled): the KL reference at no extra memory."""
     with model.disable_adapter():
         yield
+
+
+class _LoRADelta(torch.autograd.Function):
+    """base_out + scaling * (x A^T) B^T in ``dtype``, as one addmm; A, B (fp32 masters) are cast per call."""
+
+    @staticmethod
+    def forward(ctx, base_out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                scaling: float, dtype: torch.dtype) -> torch.Tensor:
+        a, b = lora_a.to(dtype), lora_b.to(dtype)  # (r, in), (out, r)
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (M, in)
+        xa = x2 @ a.T  # (M, r)
+        out = torch.addmm(base_out.reshape(-1, base_out.shape[-1]).to(dtype), xa, b.T, alpha=scaling)
+        ctx.save_for_backward(x2, xa, a, b)
+        ctx.scaling, ctx.x_shape, ctx.x_dtype = scaling, x.shape, x.dtype
+        ctx.weight_dtypes = lora_a.dtype, lora_b.dtype
+        return out.view(*base_out.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x2, xa, a, b = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1]).to(a.dtype)  # (M, out)
+        grad_xa = (g @ b).mul_(ctx.scaling)  # (M, r)
+        grad_b = (g.T @ xa).mul_(ctx.scaling)  # (out, r)
+        grad_a = grad_xa.T @ x2  # (r, in)
+        grad_x = (grad_xa @ a).view(ctx.x_shape).to(ctx.x_dtype)
+        return grad, grad_x, grad_a.to(ctx.weight_dtypes[0]), grad_b.to(ctx.weight_dtypes[1]), None, None
+
+
+def _fused_lora_forward(original: Any) -> Any:
+    def forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        names = list(self.active_adapters) if not self.disable_adapters and not self.merged else []
+        name = names[0] if len(names) == 1 else None
+        device = x.device.type
+        if (name is None or name not in self.lora_A or kwargs.get("adapter_names") is not None or args
+                or not torch.is_autocast_enabled(device) or type(self.base_layer) is not torch.nn.Linear
+                or name in getattr(self, "lora_variant", {}) or self.use_dora.get(name)
+                or getattr(self, "lora_bias", {}).get(name)
+                or not isinstance(self.lora_dropout[name], torch.nn.Identity)):
+            return original(self, x, *args, **kwargs)
+        result = self.base_layer(x, **kwargs)
+        return _LoRADelta.apply(result, x, self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name],
+                                torch.get_autocast_dtype(device))
+    return forward
+
+
+@contextlib.contextmanager
+def fused_lora_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block, PEFT LoRA linears under autocast add their delta with one fused op (same math as PEFT's
+    ``result + lora_B(lora_A(x)) * scaling``, without its fp32 input copy, scaling multiply and add).
+
+    Measured on SmolLM2-135M, r=16 all-linear on a bf16 base, 4 x 104 tokens: forward+backward ~10% faster. Layers it
+    does not cover (several active adapters, DoRA, dropout > 0, no autocast, ...) run PEFT's own forward; so does
+    everything under activation checkpointing (its backward recompute runs outside this block and must match).
+    """
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:
+        yield
+        return
+    if is_checkpointing(model) or not hasattr(model, "peft_config"):
+        yield
+        return
+    original = Linear.forward
+    Linear.forward = _fused_lora_forward(original)
+    try:
+        yield
+    finally:
+        Linear.forward = original

@@ -1,7 +1,7 @@
 """LoRA teams: one shared frozen base with an adapter per agent, versus one PEFT model per agent."""
 
 import torch
-from peft import LoraConfig, PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model
 
 from comlrl.config import MAGRPOConfig
 from comlrl.rollout import GenerationSettings
@@ -122,3 +122,39 @@ def test_lora_save_gives_one_adapter_folder_per_agent(tmp_path):
         assert sd.keys() == mine.keys()
         for n in sd:
             assert torch.equal(sd[n], mine[n])
+
+
+def test_fused_lora_delta_gradcheck():
+    """The fused LoRA op: base_out + s (x A^T) B^T, gradients for x, A, B and the base output match finite differences."""
+    from comlrl.team import _LoRADelta
+
+    torch.manual_seed(0)
+    base, x = torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    a, b = torch.randn(2, 4, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    inputs = [t.requires_grad_() for t in (base, x, a, b)]
+    out = _LoRADelta.apply(*inputs, 0.5, torch.float64)
+    torch.testing.assert_close(out, base + 0.5 * (x @ a.T) @ b.T)
+    assert torch.autograd.gradcheck(lambda *t: _LoRADelta.apply(*t, 0.5, torch.float64), inputs)
+
+
+def test_fused_lora_forward_is_scoped_and_falls_back():
+    """Inside the block LoRA linears under autocast take the fused op (same values as PEFT's); the class is restored
+    afterwards; without autocast and under activation checkpointing PEFT's own forward runs."""
+    from peft.tuners.lora.layer import Linear
+
+    from comlrl.team import fused_lora_forward
+
+    model = get_peft_model(tiny_model(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                    init_lora_weights=False))
+    ids = torch.randint(3, 259, (2, 7))
+    original = Linear.forward
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(input_ids=ids).logits.float()
+        with fused_lora_forward(model):
+            assert Linear.forward is not original
+            fused = model(input_ids=ids).logits.float()
+    assert Linear.forward is original
+    torch.testing.assert_close(fused, expected, atol=0.1, rtol=0.05)
+    model.get_base_model().gradient_checkpointing_enable()
+    with fused_lora_forward(model):
+        assert Linear.forward is original
