@@ -6,7 +6,9 @@ base, bf16 autocast), ``full_bf16`` (fp32 weights, bf16 autocast), ``full_fp32``
 * ``ours``: ``completion_logprobs`` as the trainer runs it (eager attention when training in bf16 on CPU, chunked
   output-layer log-probs over real completion tokens only);
 * ``sdpa``: the same with SDPA attention kept (``training_attention`` disabled);
-* ``logits``: the model's own logits for the last C+1 positions + ``token_logprobs`` (the path before the chunked head).
+* ``logits``: eager attention, but the model's own logits for the last C+1 positions + ``token_logprobs`` and PEFT's
+  own LoRA forward (no chunked head, no fused LoRA delta);
+* ``before``: ``logits`` with SDPA attention: the loss path before these three changes.
 
     python benchmarks/bench_loss.py --setup lora --rounds 8
 """
@@ -43,9 +45,9 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
     no_switch = contextlib.nullcontext if variant == "sdpa" else None
     start = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        if variant == "logits":
+        if variant in ("logits", "before"):
             ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
-            with rollout.training_attention(model):
+            with rollout.training_attention(model) if variant == "logits" else contextlib.nullcontext():
                 logp = rollout._logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
         else:
             original = rollout.training_attention
@@ -63,7 +65,7 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", choices=["lora", "full_bf16", "full_fp32"], default="lora")
-    parser.add_argument("--variants", default="ours,sdpa,logits")
+    parser.add_argument("--variants", default="ours,sdpa,logits,before")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()

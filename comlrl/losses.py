@@ -18,10 +18,11 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 class _HeadLogprobs(torch.autograd.Function):
-    """log softmax(h W^T + b)[label] per row, ``chunk`` rows of logits at a time.
+    """log softmax(h W^T + b)[label] per row; fp32 softmax statistics ``chunk`` rows at a time.
 
-    Backward needs softmax(logits): it keeps the logits (in the matmul dtype) with their log-sum-exp when they fit in
-    ``keep_bytes``, else recomputes each chunk's logits (one more output-layer matmul, no (N, V) tensor held).
+    Backward needs softmax(logits). When the (N, V) logits fit in ``keep_bytes`` (in the matmul dtype) they are
+    computed in one matmul and kept; backward turns them into d logp / d logits in place and runs one matmul per
+    gradient. Otherwise each chunk's logits are recomputed in backward (one more output-layer matmul, no (N, V) tensor).
     """
 
     @staticmethod
@@ -29,53 +30,59 @@ class _HeadLogprobs(torch.autograd.Function):
                 dtype: torch.dtype, chunk: int, keep_bytes: int) -> torch.Tensor:
         ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.dtype, ctx.chunk = dtype, chunk
-        keep = hidden.shape[0] * weight.shape[0] * torch.finfo(dtype).bits // 8 <= keep_bytes
+        n = hidden.shape[0]
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
         acc = torch.promote_types(dtype, torch.float32)  # softmax statistics: fp32 (fp64 for fp64 inputs)
-        out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
-        ctx.kept = []  # (logits (n, V) in dtype, logsumexp (n,) in acc) per chunk
+        out = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        keep = n * weight.shape[0] * torch.finfo(dtype).bits // 8 <= keep_bytes
         with torch.autocast(hidden.device.type, enabled=False):
-            for lo in range(0, hidden.shape[0], chunk):
-                logits = F.linear(hidden[lo : lo + chunk].to(dtype), w, b)  # (n, V)
+            kept = F.linear(hidden.to(dtype), w, b) if keep else None  # (N, V)
+            for lo in range(0, n, chunk):
+                logits = kept[lo : lo + chunk] if keep else F.linear(hidden[lo : lo + chunk].to(dtype), w, b)
                 wide = logits.to(acc)
-                lse = wide.logsumexp(-1)
-                out[lo : lo + chunk] = wide.gather(-1, labels[lo : lo + chunk, None])[:, 0] - lse
-                if keep:
-                    ctx.kept.append((logits, lse))
+                lse[lo : lo + chunk] = wide.logsumexp(-1)
+                out[lo : lo + chunk] = wide.gather(-1, labels[lo : lo + chunk, None])[:, 0] - lse[lo : lo + chunk]
+        ctx.kept, ctx.lse = kept, lse
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         hidden, weight, bias, labels = ctx.saved_tensors
-        dtype, chunk, kept = ctx.dtype, ctx.chunk, ctx.kept
+        dtype, chunk, kept, lse = ctx.dtype, ctx.chunk, ctx.kept, ctx.lse
+        ctx.kept = None  # overwritten below: a second backward (retain_graph) recomputes the logits instead
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
         acc = torch.promote_types(dtype, torch.float32)
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = grad_b = None  # accumulated in ``acc`` over chunks (addmm_ in place when dtype == acc: no temporary)
+        grad_h = torch.empty_like(hidden) if need_h and kept is None else None
+        grad_w = grad_b = None  # accumulated in ``acc`` over chunks when recomputing
         with torch.autocast(hidden.device.type, enabled=False):
-            for k, lo in enumerate(range(0, hidden.shape[0], chunk)):
+            for lo in range(0, hidden.shape[0], chunk):
                 h = hidden[lo : lo + chunk].to(dtype)
                 g = grad[lo : lo + chunk, None].to(acc)  # (n, 1)
-                if kept:
-                    logits, lse = kept[k]
-                    probs = (logits.to(acc) - lse[:, None]).exp_()
+                if kept is not None:
+                    probs = (kept[lo : lo + chunk].to(acc) - lse[lo : lo + chunk, None]).exp_()
                 else:
                     probs = torch.softmax(F.linear(h, w, b).to(acc), dim=-1)
                 # d logp / d logits = onehot(label) - softmax(logits)
-                dz = probs.mul_(-g).scatter_add_(-1, labels[lo : lo + chunk, None], g).to(dtype)  # (n, V)
+                dz = probs.mul_(-g).scatter_add_(-1, labels[lo : lo + chunk, None], g)  # (n, V)
+                if kept is not None:
+                    kept[lo : lo + chunk] = dz  # in place: the kept logits become d logp / d logits
+                    continue
+                dz = dz.to(dtype)
                 if need_h:
                     grad_h[lo : lo + chunk] = dz @ w
                 if need_w:
-                    if grad_w is None:
-                        grad_w = (dz.T @ h).to(acc)  # (V, H)
-                    elif dz.dtype == acc:
-                        grad_w.addmm_(dz.T, h)
-                    else:
-                        grad_w.add_(dz.T @ h)
+                    part = dz.T @ h  # (V, H)
+                    grad_w = part.to(acc) if grad_w is None else grad_w.add_(part)
                 if need_b:
                     part = dz.to(acc).sum(0)
                     grad_b = part if grad_b is None else grad_b.add_(part)
+            if kept is not None:
+                h = hidden.to(dtype)
+                grad_h = (kept @ w).to(hidden.dtype) if need_h else None
+                grad_w = kept.T @ h if need_w else None
+                grad_b = kept.to(acc).sum(0) if need_b else None
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
 
@@ -86,10 +93,10 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     ``dtype`` is fp64).
 
     Same values and gradients as ``token_logprobs(F.linear(hidden, weight, bias), labels)`` (matmuls in ``dtype``,
-    softmax statistics in fp32), without the fp32 copy of the logits and with only ``chunk`` rows of fp32
-    temporaries at a time. ``dtype``: compute dtype of the matmuls (default: the weight's); ``chunk``: default
-    ~32 MB of fp32 logits. Backward keeps the logits in ``dtype`` if they fit in ``keep_bytes``, else recomputes them
-    chunk by chunk (memory bounded whatever N).
+    softmax statistics in fp32), without a full fp32 copy of the logits: fp32 temporaries exist ``chunk`` rows at a
+    time. ``dtype``: compute dtype of the matmuls (default: the weight's); ``chunk``: default ~32 MB of fp32 logits.
+    Logits are kept for backward (in ``dtype``) if they fit in ``keep_bytes``, else recomputed chunk by chunk
+    (memory bounded whatever N).
     """
     dtype = dtype or weight.dtype
     chunk = chunk or max(1, (32 << 20) // (4 * weight.shape[0]))
