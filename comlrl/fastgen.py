@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .models import unwrap_peft
+
 # Decoder-layer layouts _LlamaDecoder reproduces exactly: pre-norm RMSNorm, q/k/v/o projections (optional bias),
 # RoPE from the model's own rotary module, gated MLP. Qwen3 (q/k norms), Gemma (scaled embeddings), etc. are not.
 LLAMA_LAYOUTS = ("llama", "mistral", "qwen2")
@@ -71,7 +73,7 @@ def supports_fast_generate(model: nn.Module) -> bool:
     peft_config = getattr(model, "active_peft_config", None)
     if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
         return False
-    base = _unwrap(model)
+    base = unwrap_peft(model)
     config = getattr(base, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return False
@@ -129,7 +131,7 @@ def fast_generate(
     # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).
     generic, was_training = isinstance(decoder, _HFDecoder), model.training
     if generic:
-        model.eval()
+        model.train(False)
     try:
         logits = decoder.prefill(input_ids, attention_mask)  # (B, V) fp32
         sample = sample_fn or _sampler(do_sample, temperature, top_k, top_p, generator)
@@ -263,12 +265,6 @@ def _decode_loop(
 # Model inspection
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The transformers model under a PEFT wrapper (LoRA layers stay injected in it), else the model itself."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -307,9 +303,9 @@ def _make_decoder(
     if backend != "generic":
         try:
             if adapter_names is not None and set(adapter_names) != {BASE_ADAPTER}:  # base pass + per-row LoRA deltas
-                return _LlamaDecoder(_unwrap(model), batch, max_len, dtype, BASE_ADAPTER, routed=adapter_names)
+                return _LlamaDecoder(unwrap_peft(model), batch, max_len, dtype, BASE_ADAPTER, routed=adapter_names)
             adapter = adapter_names[0] if adapter_names else None
-            return _LlamaDecoder(_unwrap(model), batch, max_len, dtype, adapter)
+            return _LlamaDecoder(unwrap_peft(model), batch, max_len, dtype, adapter)
         except _Unsupported as exc:
             if backend == "llama":
                 raise ValueError(f"the Llama fast path does not support this model: {exc}") from exc
@@ -334,7 +330,7 @@ class _HFDecoder:
     ) -> None:
         self.model = model
         self.adapter_names = adapter_names
-        base = _unwrap(model)
+        base = unwrap_peft(model)
         self.cache_kwarg = _cache_kwarg(base) or "past_key_values"
         self.keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.device = _device(model)

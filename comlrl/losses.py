@@ -58,11 +58,11 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_w = grad_b = None  # accumulated in ``acc`` over chunks when recomputing
         with torch.autocast(hidden.device.type, enabled=False):
             for lo in range(0, hidden.shape[0], chunk):
-                h = hidden[lo : lo + chunk].to(dtype)
                 g = grad[lo : lo + chunk, None].to(acc)  # (n, 1)
                 if kept is not None:
                     probs = (kept[lo : lo + chunk].to(acc) - lse[lo : lo + chunk, None]).exp_()
                 else:
+                    h = hidden[lo : lo + chunk].to(dtype)
                     probs = torch.softmax(F.linear(h, w, b).to(acc), dim=-1)
                 # d logp / d logits = onehot(label) - softmax(logits)
                 dz = probs.mul_(-g).scatter_add_(-1, labels[lo : lo + chunk, None], g)  # (n, V)

@@ -163,9 +163,15 @@ def model_config(source: str) -> Any:
     return _from_pretrained(AutoConfig, resolve_source(source))
 
 
+def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a PEFT wrapper (LoRA layers stay injected in it), else the model itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 def is_checkpointing(model: torch.nn.Module) -> bool:
     """Whether a (possibly PEFT-wrapped) transformers model recomputes its layers in backward (activation
     checkpointing)."""
-    inner = getattr(model, "get_base_model", lambda: model)()
+    inner = unwrap_peft(model)
     flag = getattr(inner, "is_activation_checkpointing", None)  # transformers >= 5.x; older: is_gradient_checkpointing
     return bool(flag if flag is not None else getattr(inner, "is_gradient_checkpointing", False))

@@ -15,7 +15,7 @@ from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokeniz
 
 from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate
 from .losses import head_logprobs, token_logprobs
-from .models import is_checkpointing
+from .models import is_checkpointing, unwrap_peft
 from .sampling import RowSeededSampler
 from .team import fused_lora_forward
 
@@ -208,7 +208,7 @@ def completion_logprobs(
 
 def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     """(decoder, output layer) when the model's logits are exactly ``head(decoder(...).last_hidden_state)``."""
-    inner = getattr(model, "get_base_model", lambda: model)()
+    inner = unwrap_peft(model)
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) not in LLAMA_LAYOUTS or getattr(config, "final_logit_softcapping", None):
         return None
@@ -238,7 +238,7 @@ def training_attention(model: nn.Module) -> Iterator[None]:
     1.58 -> 1.28 s (LoRA on a bf16 base) and 1.86 -> 1.47 s (full fine-tune, bf16 autocast). fp32 gained nothing,
     and no-grad forwards keep SDPA (its forward is the fast part).
     """
-    inner = getattr(model, "get_base_model", lambda: model)()
+    inner = unwrap_peft(model)
     config = getattr(inner, "config", None)
     param = next(inner.parameters(), None)
     bf16 = param is not None and (param.dtype == torch.bfloat16 or (

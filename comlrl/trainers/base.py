@@ -119,7 +119,7 @@ class MultiAgentTrainer:
         for a in self.agents:
             a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
             if self.args.beta > 0 and a.adapter is None:
-                a.ref_model = copy_model(a.model).eval().requires_grad_(False)
+                a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
         self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         self.history: list[dict] = []
         self._buffer: list[tuple[Episode, list[list[torch.Tensor]]]] = []
