@@ -4,8 +4,9 @@ Shapes of issue 6: 4 completions of 64 tokens after a 40-token prompt. Setups: `
 base, bf16 autocast), ``full_bf16`` (fp32 weights, bf16 autocast), ``full_fp32``. Variants per setup:
 
 * ``ours``: ``completion_logprobs`` as the trainer runs it (eager attention when training in bf16 on CPU, chunked
-  output-layer log-probs over real completion tokens only);
+  output-layer log-probs over real completion tokens only, lean RMSNorm / rotary / MLP autograd Functions);
 * ``sdpa``: the same with SDPA attention kept (``training_attention`` disabled);
+* ``eager_layers``: the same with HF's own RMSNorm / rotary / MLP ops (``lean_layers`` disabled);
 * ``logits``: eager attention, but the model's own logits for the last C+1 positions + ``token_logprobs`` and PEFT's
   own LoRA forward (no chunked head, no fused LoRA delta);
 * ``before``: ``logits`` with SDPA attention: the loss path before these three changes.
@@ -40,9 +41,12 @@ def build(setup: str) -> torch.nn.Module:
     return model.train()
 
 
+# variant -> the training-forward switch of comlrl.rollout it turns off
+_OFF = {"sdpa": "training_attention", "eager_layers": "lean_layers"}
+
+
 def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.Tensor]) -> float:
     p_ids, p_mask, c_ids, c_mask = tensors
-    no_switch = contextlib.nullcontext if variant == "sdpa" else None
     start = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         if variant in ("logits", "before"):
@@ -50,13 +54,15 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
             with rollout.training_attention(model) if variant == "logits" else contextlib.nullcontext():
                 logp = rollout._logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
         else:
-            original = rollout.training_attention
-            if no_switch is not None:
-                rollout.training_attention = lambda m: no_switch()
+            name = _OFF.get(variant)
+            original = getattr(rollout, name) if name else None
+            if name:
+                setattr(rollout, name, lambda m: contextlib.nullcontext())
             try:
                 logp = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
             finally:
-                rollout.training_attention = original
+                if name:
+                    setattr(rollout, name, original)
     (logp * c_mask).sum().backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - start
@@ -65,7 +71,7 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", choices=["lora", "full_bf16", "full_fp32"], default="lora")
-    parser.add_argument("--variants", default="ours,sdpa,logits,before")
+    parser.add_argument("--variants", default="ours,eager_layers,sdpa,logits,before")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .rollout import left_pad, training_attention
+from .rollout import left_pad, training_forward
 
 
 class ValueModel(nn.Module):
@@ -33,7 +33,7 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) left-padded ids and mask -> (B,) values."""
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        with torch.no_grad() if self.detach_backbone else training_attention(self.backbone):
+        with torch.no_grad() if self.detach_backbone else training_forward(self.backbone):
             out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 output_hidden_states=True, logits_to_keep=1, use_cache=False)
         last = out.hidden_states[-1][:, -1, :]  # (B, H): the last position is the last real token (left padding)

@@ -17,6 +17,7 @@ from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate
 from .losses import head_logprobs, token_logprobs
 from .models import is_checkpointing, unwrap_peft
 from .sampling import RowSeededSampler
+from .lean import lean_layers
 from .team import fused_lora_forward
 
 
@@ -192,7 +193,7 @@ def completion_logprobs(
     # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     parts = _decoder_and_head(model)
-    with training_attention(model), fused_lora_forward(model):
+    with training_forward(model):
         if parts is None:
             return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
         decoder, head = parts
@@ -227,6 +228,15 @@ def _logits_logprobs(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tens
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=c + 1,
                        use_cache=False).logits
     return token_logprobs(logits[:, :-1, :], completion_ids) * completion_mask  # (B, C)
+
+
+@contextlib.contextmanager
+def training_forward(model: nn.Module) -> Iterator[None]:
+    """The forward of a training step (one that backward will run through): bf16 CPU attention run eagerly
+    (:func:`training_attention`), LoRA deltas as one op (:func:`comlrl.team.fused_lora_forward`) and Llama-layout
+    layers that save fewer activations (:func:`comlrl.lean.lean_layers`); each leaves models it does not fit alone."""
+    with training_attention(model), fused_lora_forward(model), lean_layers(model):
+        yield
 
 
 @contextlib.contextmanager
