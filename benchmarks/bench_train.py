@@ -5,11 +5,14 @@ max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: f
 config), the same with loss micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollouts,
 bf16 autocast + bf16 rollouts (also with gradient checkpointing); LoRA r=16 on one shared base for 2 agents (fp32 and bf16) and 4 agents (bf16).
 Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the same run as the tokens/s
-baseline. Each variant runs in its own process so that peak RSS is its own.
+baseline. Each variant runs in its own process so that peak RSS is its own. The pseudo-variant ``reference`` runs
+the PyPI reference library (comlrl 1.4.3, full fine-tune fp32) on the same config through bench_reference.py in
+.venv-ref (``bash scripts/setup_reference.sh``); it runs first, and each variant's speed is also given against it.
 
     python benchmarks/bench_train.py                      # every variant, a markdown table
     python benchmarks/bench_train.py --variants lora2,lora4 --steps 4
     python benchmarks/bench_train.py --variant lora2      # one variant, JSON
+    python benchmarks/bench_train.py --variants reference,full2,lora2   # ratios against the reference, same run
 
 MFU is measured against the fp32 matmul peak for fp32 variants and the bf16 peak for bf16 variants.
 """
@@ -40,6 +43,7 @@ VARIANTS = {
     "lora4": dict(agents=4, lora=True, bf16=True),
 }
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
+REFERENCE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-ref" / "bin" / "python"
 
 
 def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 20) -> float:
@@ -113,8 +117,8 @@ def run_generate(batch: int, rounds: int = 3) -> dict:
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
-def _subprocess(args: list[str]) -> dict | None:
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+def _subprocess(args: list[str], python: str = sys.executable, script: str = __file__) -> dict | None:
+    out = subprocess.run([python, script, *args], capture_output=True, text=True)
     if out.returncode != 0:
         print(args, "failed:", out.stderr[-2000:])
         return None
@@ -124,7 +128,8 @@ def _subprocess(args: list[str]) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=sorted(VARIANTS))
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run")
+    parser.add_argument("--variants", help="comma-separated variants to run, 'reference' among them (default: all, "
+                        "with the reference first when .venv-ref exists)")
     parser.add_argument("--generate-batch", type=int, help="(internal) measure plain generate at this batch")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
@@ -138,8 +143,17 @@ def main() -> None:
         return
     peak, peak_bf16 = matmul_peak(), matmul_peak(torch.bfloat16)
     print(f"machine: {torch.get_num_threads()} threads, matmul peak fp32 {peak:.0f} / bf16 {peak_bf16:.0f} GFLOP/s")
-    names = [n for n in ns.variants.split(",") if n]
-    batches = sorted({4 * (1 if not VARIANTS[n]["lora"] else VARIANTS[n]["agents"]) for n in names})
+    default = (["reference"] if REFERENCE_PYTHON.exists() else []) + list(VARIANTS)
+    names = ns.variants.split(",") if ns.variants else default
+    names = sorted(dict.fromkeys(n for n in names if n), key=lambda n: n != "reference")  # the reference first
+    unknown = set(names) - set(VARIANTS) - {"reference"}
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}")
+    if "reference" in names and not REFERENCE_PYTHON.exists():
+        print(f"reference skipped: {REFERENCE_PYTHON} not found; run `bash scripts/setup_reference.sh` first")
+        names.remove("reference")
+    # the reference rolls out 4 sequences per agent, as the full fine-tune variants do
+    batches = sorted({4 * (VARIANTS[n]["agents"] if VARIANTS.get(n, {}).get("lora") else 1) for n in names})
     plain = {b: _subprocess(["--generate-batch", str(b), "--threads", str(ns.threads)]) for b in batches}
     for b, r in plain.items():
         if r:
@@ -147,17 +161,32 @@ def main() -> None:
     head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | MFU | peak RSS GB |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(head)
+    results = {}
     for name in names:
-        r = _subprocess(["--variant", name, "--steps", str(ns.steps), "--threads", str(ns.threads)])
+        common = ["--steps", str(ns.steps), "--threads", str(ns.threads)]
+        if name == "reference":  # the PyPI library in its own venv, on our converted model folder
+            from comlrl.models import embedded_model_dir
+
+            r = _subprocess(["--model", str(embedded_model_dir()), *common], str(REFERENCE_PYTHON),
+                            str(Path(__file__).with_name("bench_reference.py")))
+        else:
+            r = _subprocess(["--variant", name, *common])
         if r is None:
             continue
-        spec = VARIANTS[name]
+        results[name] = r
+        spec = VARIANTS.get(name, dict(agents=2, lora=False, bf16=False))
         base = plain.get(4 * (spec["agents"] if spec["lora"] else 1))
-        ratio = f"{r['rollout_tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
-        mfu = r["train_gflops_per_s"] / (peak_bf16 if spec["bf16"] else peak)
-        print(f"| {name} | {r['sec_per_step']:.2f} | {r['sec_generate']:.2f} | {r['sec_reward']:.3f} | {r['sec_loss']:.2f} "
-              f"| {r['sec_optimizer']:.2f} | {r['rollout_tokens_per_s']:.1f} | {ratio} | {mfu:.1%} | {r['peak_rss_gb']:.2f} |",
-              flush=True)
+        tok_s, gflops = r.get("rollout_tokens_per_s"), r.get("train_gflops_per_s")
+        ratio = f"{tok_s / base['tokens_per_s']:.2f}x" if base and tok_s else "-"
+        mfu = f"{gflops / (peak_bf16 if spec['bf16'] else peak):.1%}" if gflops else "-"
+        cell = lambda key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731
+        print(f"| {name} | {r['sec_per_step']:.2f} | {cell('sec_generate', '.2f')} | {cell('sec_reward', '.3f')} "
+              f"| {cell('sec_loss', '.2f')} | {cell('sec_optimizer', '.2f')} | {cell('rollout_tokens_per_s', '.1f')} "
+              f"| {ratio} | {mfu} | {r['peak_rss_gb']:.2f} |", flush=True)
+    ref = results.get("reference")
+    for name, r in results.items():
+        if ref and name != "reference":
+            print(f"{name}: {ref['sec_per_step'] / r['sec_per_step']:.2f} times faster than the reference (s/step)")
 
 
 if __name__ == "__main__":
