@@ -86,9 +86,9 @@ class TrainConfig:
     )
     gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
     malloc_mmap_threshold_kb: int | None = _help(
-        256, "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
-        "freed, so freed activations do not stay resident (a 2-agent full fine-tune's peak RSS: -0.4 GB, same speed). "
-        "None: leave malloc's settings as they are."
+        None, "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
+        "freed, so freed activations do not stay resident. A 2-agent SmolLM2-135M fp32 full fine-tune at 256: peak "
+        "RSS 4.47 -> 4.05 GB, but the loss pass ~40% slower (page faults). None: leave malloc's settings alone."
     )
     share_base: bool = _help(
         True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
