@@ -13,6 +13,7 @@ the PyPI reference library (comlrl 1.4.3, full fine-tune fp32) on the same confi
     python benchmarks/bench_train.py --variants lora2,lora4 --steps 4
     python benchmarks/bench_train.py --variant lora2      # one variant, JSON
     python benchmarks/bench_train.py --variants reference,full2,lora2   # ratios against the reference, same run
+    python benchmarks/bench_train.py --variants reference,full2,lora2 --repeats 2   # in turn twice, medians
 
 MFU is measured against the fp32 matmul peak for fp32 variants and the bf16 peak for bf16 variants.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -132,6 +134,8 @@ def main() -> None:
                         "with the reference first when .venv-ref exists)")
     parser.add_argument("--generate-batch", type=int, help="(internal) measure plain generate at this batch")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the whole list this many times in turn (the VM's speed drifts); medians at the end")
     parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
@@ -158,35 +162,42 @@ def main() -> None:
     for b, r in plain.items():
         if r:
             print(f"plain generate fp32, batch {b:2d}: {r['tokens_per_s']:.1f} tok/s")
-    head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | MFU | peak RSS GB |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | MFU | peak RSS GB "
+            "| bf16 peak before |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(head)
-    results = {}
-    for name in names:
-        common = ["--steps", str(ns.steps), "--threads", str(ns.threads)]
-        if name == "reference":  # the PyPI library in its own venv, on our converted model folder
-            from comlrl.models import embedded_model_dir
+    results: dict[str, list[dict]] = {}
+    for _ in range(ns.repeats):
+        for name in names:
+            phase = matmul_peak(torch.bfloat16)  # the machine's speed right before this variant (it drifts)
+            r = _run_named(name, ns.steps, ns.threads)
+            if r is None:
+                continue
+            results.setdefault(name, []).append(r)
+            spec = VARIANTS.get(name, dict(agents=2, lora=False, bf16=False))
+            base = plain.get(4 * (spec["agents"] if spec["lora"] else 1))
+            tok_s, gflops = r.get("rollout_tokens_per_s"), r.get("train_gflops_per_s")
+            ratio = f"{tok_s / base['tokens_per_s']:.2f}x" if base and tok_s else "-"
+            mfu = f"{gflops / (peak_bf16 if spec['bf16'] else peak):.1%}" if gflops else "-"
+            cell = lambda key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731
+            print(f"| {name} | {r['sec_per_step']:.2f} | {cell('sec_generate', '.2f')} | {cell('sec_reward', '.3f')} "
+                  f"| {cell('sec_loss', '.2f')} | {cell('sec_optimizer', '.2f')} | {cell('rollout_tokens_per_s', '.1f')} "
+                  f"| {ratio} | {mfu} | {r['peak_rss_gb']:.2f} | {phase:.0f} |", flush=True)
+    median = {name: statistics.median(r["sec_per_step"] for r in rs) for name, rs in results.items()}
+    for name, sec in median.items():
+        if "reference" in median and name != "reference":
+            print(f"{name}: median {sec:.2f} s/step, {median['reference'] / sec:.2f} times faster than the reference "
+                  f"({median['reference']:.2f} s/step); peak RSS {max(r['peak_rss_gb'] for r in results[name]):.2f} GB")
 
-            r = _subprocess(["--model", str(embedded_model_dir()), *common], str(REFERENCE_PYTHON),
-                            str(Path(__file__).with_name("bench_reference.py")))
-        else:
-            r = _subprocess(["--variant", name, *common])
-        if r is None:
-            continue
-        results[name] = r
-        spec = VARIANTS.get(name, dict(agents=2, lora=False, bf16=False))
-        base = plain.get(4 * (spec["agents"] if spec["lora"] else 1))
-        tok_s, gflops = r.get("rollout_tokens_per_s"), r.get("train_gflops_per_s")
-        ratio = f"{tok_s / base['tokens_per_s']:.2f}x" if base and tok_s else "-"
-        mfu = f"{gflops / (peak_bf16 if spec['bf16'] else peak):.1%}" if gflops else "-"
-        cell = lambda key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731
-        print(f"| {name} | {r['sec_per_step']:.2f} | {cell('sec_generate', '.2f')} | {cell('sec_reward', '.3f')} "
-              f"| {cell('sec_loss', '.2f')} | {cell('sec_optimizer', '.2f')} | {cell('rollout_tokens_per_s', '.1f')} "
-              f"| {ratio} | {mfu} | {r['peak_rss_gb']:.2f} |", flush=True)
-    ref = results.get("reference")
-    for name, r in results.items():
-        if ref and name != "reference":
-            print(f"{name}: {ref['sec_per_step'] / r['sec_per_step']:.2f} times faster than the reference (s/step)")
+
+def _run_named(name: str, steps: int, threads: int) -> dict | None:
+    """One variant (or the reference library) in its own process."""
+    common = ["--steps", str(steps), "--threads", str(threads)]
+    if name == "reference":  # the PyPI library in its own venv, on our converted model folder
+        from comlrl.models import embedded_model_dir
+
+        return _subprocess(["--model", str(embedded_model_dir()), *common], str(REFERENCE_PYTHON),
+                           str(Path(__file__).with_name("bench_reference.py")))
+    return _subprocess(["--variant", name, *common])
 
 
 if __name__ == "__main__":

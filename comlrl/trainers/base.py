@@ -264,6 +264,9 @@ class MultiAgentTrainer:
         adv = self.compute_advantages(episode, metrics)
         self._buffer.append((episode, adv))
         if len(self._buffer) == a.gradient_accumulation_steps:
+            # the rollout's freed weight copies and KV cache (~0.3 GB for 2 fp32 agents) would stay resident under
+            # the loss pass's peak
+            release_freed_memory()
             start = time.perf_counter()
             metrics.update(self.optimize(self._buffer))
             metrics["time/update"] = time.perf_counter() - start
