@@ -110,7 +110,9 @@ class MultiAgentTrainer:
             check_vocab(m, tok, i)
             if self.args.gradient_checkpointing and not getattr(m, "_comlrl_checkpointing", False):
                 m._comlrl_checkpointing = True
-                m.gradient_checkpointing_enable()
+                # transformers >= 5.x names it activation checkpointing (the old name warns); PEFT forwards both
+                enable = getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable
+                enable()
                 m.config.use_cache = False
                 if adapter is not None:
                     m.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grad inputs
