@@ -4,7 +4,8 @@ that save fewer activations than the eager ops they replace (same math).
 Per token and layer, the eager ops save the norm's input and its normalised output (x2 norms), q, k and their
 rotated halves, and the MLP's gate, silu(gate), up and product. The Functions save the norm's input and its
 1/rms, nothing for the rotation, and gate and up only (the product is recomputed in backward, an elementwise op).
-SmolLM2-135M, fp32 full fine-tune, 4 x 104 tokens: ~0.28 GB less activation memory.
+SmolLM2-135M, fp32 full fine-tune, 4 x 104 tokens: the loss forward's RSS rise went 0.75 -> 0.59 GB (measured), at
++1% loss-pass time.
 """
 
 from __future__ import annotations
