@@ -4,7 +4,9 @@ Shapes of issue 6: 4 completions of 64 tokens after a 40-token prompt. Setups: `
 base, bf16 autocast), ``full_bf16`` (fp32 weights, bf16 autocast), ``full_fp32``. Variants per setup:
 
 * ``ours``: ``completion_logprobs`` as the trainer runs it (eager attention when training in bf16 on CPU, chunked
-  output-layer log-probs over real completion tokens only, lean RMSNorm / rotary / MLP autograd Functions);
+  output-layer log-probs over real completion tokens only, lean RMSNorm / rotary / MLP autograd Functions, the
+  prompt shared by the 4 rows run once);
+* ``distinct``: ``ours`` with a different prompt per row, so nothing is shared;
 * ``sdpa``: the same with SDPA attention kept (``training_attention`` disabled);
 * ``eager_layers``: the same with HF's own RMSNorm / rotary / MLP ops (``lean_layers`` disabled);
 * ``logits``: eager attention, but the model's own logits for the last C+1 positions + ``token_logprobs`` and PEFT's
@@ -47,6 +49,9 @@ _OFF = {"sdpa": "training_attention", "eager_layers": "lean_layers"}
 
 def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.Tensor]) -> float:
     p_ids, p_mask, c_ids, c_mask = tensors
+    if variant == "distinct":  # every row's prompt differs (one token): nothing to share, same shapes
+        p_ids = p_ids.clone()
+        p_ids[:, 0] = torch.arange(len(p_ids))
     start = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         if variant in ("logits", "before"):
@@ -54,7 +59,7 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
             with rollout.training_attention(model) if variant == "logits" else contextlib.nullcontext():
                 logp = rollout._logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
         else:
-            name = _OFF.get(variant)
+            name = _OFF.get(variant)  # "ours" / "distinct": every switch on
             original = getattr(rollout, name) if name else None
             if name:
                 setattr(rollout, name, lambda m: contextlib.nullcontext())
@@ -71,7 +76,7 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", choices=["lora", "full_bf16", "full_fp32"], default="lora")
-    parser.add_argument("--variants", default="ours,eager_layers,sdpa,logits,before")
+    parser.add_argument("--variants", default="ours,distinct,eager_layers,sdpa,logits,before")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()

@@ -331,7 +331,7 @@ class _HFDecoder:
         self.model = model
         self.adapter_names = adapter_names
         base = unwrap_peft(model)
-        self.cache_kwarg = _cache_kwarg(base) or "past_key_values"
+        self._cache_kwarg = _cache_kwarg(base) or "past_key_values"
         self.keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.device = _device(model)
         model_dtype = next(model.parameters()).dtype
@@ -346,7 +346,7 @@ class _HFDecoder:
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": True}
         if self.cache is not None:
-            kwargs[self.cache_kwarg] = self.cache
+            kwargs[self._cache_kwarg] = self.cache
         if self.keep_logits:
             kwargs["logits_to_keep"] = 1
         if self.adapter_names is not None:
@@ -640,12 +640,7 @@ def _check_llama_layout(base: nn.Module, max_len: int) -> None:
     config = getattr(base, "config", None)
     if config is None or getattr(config, "model_type", None) not in LLAMA_LAYOUTS:
         raise _Unsupported(f"model_type {getattr(config, 'model_type', None)}")
-    # A sliding window is a no-op while the whole sequence fits in it; Mistral applies its window to every layer,
-    # Qwen2 only to the layers its ``layer_types`` mark as sliding.
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    windowed = config.model_type == "mistral" or any(kind != "full_attention" for kind in layer_types)
-    if windowed and window is not None and max_len > window:
+    if window_exceeded(config, max_len):
         raise _Unsupported("sliding-window attention longer than the window")
     inner = getattr(base, "model", None)
     if inner is None or type(getattr(inner, "embed_tokens", None)) is not nn.Embedding:
@@ -657,6 +652,16 @@ def _check_llama_layout(base: nn.Module, max_len: int) -> None:
             raise _Unsupported(f"attention/mlp submodules {sorted(extra)}")
     if any(not _harmless_hooks(h) for h in base.modules()):
         raise _Unsupported("forward hooks")
+
+
+def window_exceeded(config: object, length: int) -> bool:
+    """Whether a Llama-layout model's sliding-window attention would act on sequences of ``length`` tokens (the
+    window is a no-op while the whole sequence fits in it). Mistral windows every layer, Qwen2 only the layers its
+    ``layer_types`` mark as sliding."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    windowed = getattr(config, "model_type", None) == "mistral" or any(k != "full_attention" for k in layer_types)
+    return bool(windowed and window is not None and length > window)
 
 
 def _harmless_hooks(module: nn.Module) -> bool:

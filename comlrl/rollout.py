@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate
+from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate, window_exceeded
 from .losses import head_logprobs, token_logprobs
 from .models import is_checkpointing, unwrap_peft
 from .sampling import RowSeededSampler
@@ -197,14 +197,97 @@ def completion_logprobs(
         if parts is None:
             return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
         decoder, head = parts
-        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
-    p, real = prompt_ids.shape[1], completion_mask.bool()
-    states = hidden[:, p - 1 : -1][real]  # (N, H): the state before each real completion token
+        states = _states_before_completion(model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids)
+    real = completion_mask.bool()
+    states = states[real]  # (N, H): the state before each real completion token
     device_type = states.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else head.weight.dtype
     logp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=states.device)  # (B, C)
     logp[real] = head_logprobs(states, head.weight, head.bias, completion_ids[real], dtype=dtype).float()
     return logp
+
+
+def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                              completion_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden state before each completion token: (B, C, H).
+
+    Rows that repeat a prompt (the G samples of a rollout) share its forward when :func:`shared_prompt_layout` finds
+    that cheaper: one packed row per distinct prompt, [prompt, completion 1, ..., completion k], each completion
+    attending to the prompt and to itself only. Same math as the separate rows; backward sums each shared prompt's
+    gradient over its rows.
+    """
+    config = getattr(decoder, "config", None)
+    layout = shared_prompt_layout(prompt_ids, prompt_mask, completion_ids, mask[:, prompt_ids.shape[1]:],
+                                  position_ids, config) if config is not None else None
+    if layout is None:
+        hidden = decoder(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=mask,
+                         position_ids=position_ids, use_cache=False).last_hidden_state
+        return hidden[:, prompt_ids.shape[1] - 1 : -1]
+    ids, positions, allowed, gather = layout
+    dtype = decoder.get_input_embeddings().weight.dtype
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=positions, use_cache=False).last_hidden_state
+    return hidden.flatten(0, 1)[gather]  # (B, C, H)
+
+
+def shared_prompt_layout(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+    position_ids: torch.Tensor, config: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Pack rows that share a prompt into one sequence per distinct prompt, or None when that would not pay.
+
+    Returns ``ids`` (U, L) = [prompt (P), completion slot 1 (C), ..., slot K (C)] with L = P + K C (K: the most rows
+    of one prompt; unused slots are padding), ``positions`` (U, L) as the separate rows have them, ``allowed``
+    (U, 1, L, L) bool (a prompt token sees the real prompt tokens before it, a completion token the real prompt
+    tokens and its own slot's real tokens before it; every token sees itself, so padding rows stay finite), and
+    ``gather`` (B, C): the index into the flattened (U L) positions of the state before each completion token.
+
+    Packing trades (k - 1) P tokens through every weight for longer attention rows (L^2 against k (P + C)^2 score
+    pairs); it is used when the body's matmul FLOPs saved exceed the attention FLOPs added.
+    """
+    b, p = prompt_ids.shape
+    c = completion_ids.shape[1]
+    uniq, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1), dim=0,
+                                 return_inverse=True)  # (U, 2P), (B,)
+    u = len(uniq)
+    counts = torch.bincount(inverse, minlength=u)  # (U,)
+    k = int(counts.max())
+    if u == b or window_exceeded(config, p + c) or getattr(config, "_attn_implementation", None) not in (
+            "eager", "sdpa"):  # a custom mask replaces the sliding window; flash kernels take no 4-D mask
+        return None
+    length = p + k * c
+    hidden, layers = getattr(config, "hidden_size", 0), getattr(config, "num_hidden_layers", 0)
+    intermediate = getattr(config, "intermediate_size", 4 * hidden)
+    per_token = 2 * layers * (4 * hidden * hidden + 3 * hidden * intermediate)  # body matmuls, approx. (q/k/v/o, MLP)
+    per_pair = 4 * hidden * layers  # scores + weighted values
+    saved = (b - u) * p * per_token
+    added = (u * length * length - b * (p + c) ** 2) * per_pair
+    if saved <= added:
+        return None
+    # slot of each row within its prompt's group: rank among the rows with the same prompt, in row order
+    order = torch.argsort(inverse, stable=True)  # rows grouped by prompt
+    starts = torch.cumsum(counts, 0) - counts  # (U,)
+    slot = torch.empty_like(inverse)
+    slot[order] = torch.arange(b, device=inverse.device) - starts[inverse[order]]
+    first = order[starts]  # (U,): a row of each distinct prompt
+    device = prompt_ids.device
+    ids = torch.zeros((u, length), dtype=prompt_ids.dtype, device=device)
+    positions = torch.zeros((u, length), dtype=position_ids.dtype, device=device)
+    valid = torch.zeros((u, length), dtype=torch.bool, device=device)
+    ids[:, :p], positions[:, :p], valid[:, :p] = uniq[:, :p], position_ids[first, :p], prompt_mask[first].bool()
+    cols = p + slot[:, None] * c + torch.arange(c, device=device)  # (B, C) packed column of each completion token
+    ids[inverse[:, None], cols] = completion_ids
+    positions[inverse[:, None], cols] = position_ids[:, p:]
+    valid[inverse[:, None], cols] = completion_mask.bool()
+    segment = torch.full((length,), -1, dtype=torch.long, device=device)  # -1: prompt, j: completion slot j
+    segment[p:] = torch.arange(k, device=device).repeat_interleave(c)
+    idx = torch.arange(length, device=device)
+    same = (segment[None, :] == -1) | (segment[None, :] == segment[:, None])  # (L, L) key in prompt or in own slot
+    allowed = (same & (idx[None, :] <= idx[:, None]))[None] & valid[:, None, :]  # (U, L, L)
+    allowed |= torch.eye(length, dtype=torch.bool, device=device)
+    before = torch.cat([torch.full((b, 1), p - 1, device=device), cols[:, :-1]], dim=1)  # (B, C)
+    gather = inverse[:, None] * length + before
+    return ids, positions, allowed[:, None], gather
 
 
 def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:

@@ -243,3 +243,91 @@ def test_head_logprobs_gradcheck(keep_bytes):
     # to rounding)
     assert torch.autograd.gradcheck(lambda h, w, b: head_logprobs(h, w, b, labels, chunk=2, keep_bytes=keep_bytes),
                                     (h, w, b), nondet_tol=1e-12)
+
+
+def _grouped_batch():
+    """7 rows over 3 distinct prompts (groups of 3, 3 and 1, rows interleaved), one prompt left-padded, one
+    completion cut short by padding."""
+    torch.manual_seed(5)
+    prompts = torch.randint(3, 259, (3, 6))
+    p_mask = torch.ones(3, 6, dtype=torch.long)
+    p_mask[1, :2] = 0
+    prompts[1, :2] = PAD
+    group = torch.tensor([0, 1, 0, 0, 1, 1, 2])
+    c_ids = torch.randint(3, 259, (7, 5))
+    c_mask = torch.ones(7, 5, dtype=torch.long)
+    c_mask[2, 3:] = 0
+    c_ids[2, 3:] = PAD
+    return prompts[group], p_mask[group], c_ids, c_mask
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_rows_sharing_a_prompt_are_packed_with_the_same_logprobs_and_gradients(attn, monkeypatch):
+    """One packed sequence per distinct prompt gives the log-probs and gradients of the separate rows (fp32, 1e-5)."""
+    from comlrl import rollout
+
+    model = tiny_model(seed=6, hidden=64)
+    model.set_attn_implementation(attn)
+    p_ids, p_mask, c_ids, c_mask = _grouped_batch()
+    positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
+    layout = rollout.shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, model.config)
+    assert layout is not None and layout[0].shape == (3, 6 + 3 * 5)  # 3 prompts, at most 3 completions each
+    weights = torch.randn(c_ids.shape)
+    results = []
+    for packed in (True, False):
+        if not packed:
+            monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
+        model.zero_grad()
+        logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (packed_lp, packed_grads), (rows_lp, rows_grads) = results
+    torch.testing.assert_close(packed_lp, rows_lp, atol=1e-5, rtol=1e-5)
+    assert (packed_lp[c_mask == 0] == 0).all()
+    for name in rows_grads:
+        torch.testing.assert_close(packed_grads[name], rows_grads[name], atol=1e-5, rtol=1e-4)
+
+
+def test_packed_rows_with_lora_under_bf16_autocast_match_separate_rows(monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    from comlrl import rollout
+
+    p_ids, p_mask, c_ids, c_mask = _grouped_batch()
+    model = get_peft_model(tiny_model(seed=7, hidden=64), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                     init_lora_weights=False))
+    results = []
+    for packed in (True, False):
+        if not packed:
+            monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+        (logp * c_mask).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=0.05, rtol=0.02)
+    for name, grad in results[1][1].items():
+        scale = grad.abs().max().clamp(min=1e-3)
+        assert (results[0][1][name] - grad).abs().max() / scale < 0.1, name
+
+
+def test_packing_is_declined_when_it_would_not_pay():
+    from comlrl.rollout import shared_prompt_layout
+
+    config = tiny_model(hidden=64).config
+    p_ids, p_mask, c_ids, c_mask = _grouped_batch()
+    positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
+    assert shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, config) is not None
+    # every prompt distinct: nothing to share
+    distinct = p_ids.clone()
+    distinct[:, -1] = torch.arange(7) + 3
+    assert shared_prompt_layout(distinct, p_mask, c_ids, c_mask, positions, config) is None
+    # 16 long completions of a short prompt: the packed attention rows would cost more than the prompt saved
+    many = torch.randint(3, 259, (1, 4)).repeat(16, 1)
+    long_ids = torch.randint(3, 259, (16, 200))
+    ones = lambda t: torch.ones_like(t)  # noqa: E731
+    pos = torch.arange(204).repeat(16, 1)
+    assert shared_prompt_layout(many, ones(many), long_ids, ones(long_ids), pos, config) is None
+    # a sliding window shorter than the rows: the custom mask would drop it
+    config.model_type, config.sliding_window = "mistral", 8
+    assert shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, config) is None
