@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import unwrap_peft
+from .models import model_device, unwrap_peft
 
 # Decoder-layer layouts _LlamaDecoder reproduces exactly: pre-norm RMSNorm, q/k/v/o projections (optional bias),
 # RoPE from the model's own rotary module, gated MLP. Qwen3 (q/k norms), Gemma (scaled embeddings), etc. are not.
@@ -119,7 +119,7 @@ def fast_generate(
     runs the model in eval mode and restores its mode afterwards). ``backend``: ``"auto"`` (Llama fast path when the layout allows, else generic),
     ``"llama"`` (raise if it cannot be used) or ``"generic"`` (the model's own forward and cache).
     """
-    device = _device(model)
+    device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     batch, prompt_len = input_ids.shape
     if adapter_names is not None and len(adapter_names) != batch:
@@ -265,10 +265,6 @@ def _decode_loop(
 # Model inspection
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _cache_kwarg(model: nn.Module) -> str | None:
     """Name of the forward's KV-cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values`` (older)."""
     params = inspect.signature(model.forward).parameters
@@ -333,7 +329,7 @@ class _HFDecoder:
         base = unwrap_peft(model)
         self._cache_kwarg = _cache_kwarg(base) or "past_key_values"
         self.keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
-        self.device = _device(model)
+        self.device = model_device(model)
         model_dtype = next(model.parameters()).dtype
         # Autocast is the only dtype switch that needs no weight copy here; it is skipped when it would be a no-op.
         self.autocast = dtype is not None and dtype != model_dtype

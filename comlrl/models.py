@@ -163,6 +163,11 @@ def model_config(source: str) -> Any:
     return _from_pretrained(AutoConfig, resolve_source(source))
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's (first) parameters."""
+    return next(model.parameters()).device
+
+
 def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model under a PEFT wrapper (LoRA layers stay injected in it), else the model itself."""
     get_base = getattr(model, "get_base_model", None)

@@ -339,3 +339,43 @@ def test_greedy_matches_generate_smollm2(smollm):
     stop = eos_ids(model, tok)
     ref = hf_greedy(model, ids, mask, tok.pad_token_id, stop, 32)
     assert torch.equal(greedy(model, ids, mask, tok.pad_token_id, stop, 32, backend="llama"), ref)
+
+
+# --- several models at once -------------------------------------------------------------------------------------------
+
+
+def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(monkeypatch):
+    """Two models' rollouts run in two threads (one core each) and give exactly what separate calls give; requests
+    drawing from the global RNG stay on the calling thread, one after another."""
+    import threading
+
+    from comlrl import rollout
+    from comlrl.rollout import GenerationRequest, GenerationSettings, generate, generate_concurrently
+    from tiny import tiny_tokenizer
+
+    models, tok = [tiny_model(seed=1).eval(), tiny_model(seed=2).eval()], tiny_tokenizer()
+    settings = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True)
+    prompts = ["ab", "hello there"]
+    requests = [GenerationRequest(m, tok, prompts, 3, settings, row_seeds=[100 * i + k for k in range(6)])
+                for i, m in enumerate(models)]
+    threads, sample = [], rollout._sample
+
+    def recording(*args):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return sample(*args)
+
+    monkeypatch.setattr(rollout, "_sample", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the cores split between the models
+    try:
+        together = generate_concurrently(requests)
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [False, False]
+    alone = [generate(r.model, tok, prompts, 3, settings, row_seeds=r.row_seeds) for r in requests]
+    for a, b in zip(together, alone):
+        assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
+    assert not torch.equal(together[0].completion_ids, together[1].completion_ids)
+    threads.clear()
+    generate_concurrently([GenerationRequest(m, tok, prompts, 3, settings) for m in models])  # global RNG
+    assert threads == [True, True]

@@ -18,7 +18,7 @@ import torch
 from ..advantages import compute_advantages, cross_credit, tree_returns
 from ..errors import TransitionError
 from ..rewards import accepted_kwargs, compute_rewards
-from ..rollout import GenerationSettings, Samples, generate
+from ..rollout import GenerationRequest, GenerationSettings, Samples, generate_concurrently
 from ..sampling import derive_seed
 from .setup import Agent, apply_formatter
 
@@ -146,7 +146,8 @@ def score_turn(nodes: list[Node], samples: list[Samples], t: int, reward_func: C
 
 def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: GenerationSettings,
                   autocast_dtype: torch.dtype | None = None, seed: int | None = None, row_offset: int = 0) -> list[Samples]:
-    """Each agent's samples for the nodes' prompts: one generate call per distinct model.
+    """Each agent's samples for the nodes' prompts: one generate call per distinct model, the models decoding at
+    once on CPU (:func:`comlrl.rollout.generate_concurrently`).
 
     Agents sharing a LoRA base are generated together, each row routed through its agent's adapter.
     ``seed``: per-row sampling key of this turn; row k (node k // g, sample k % g) of agent i samples from
@@ -156,12 +157,15 @@ def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: Gene
     by_model: dict[int, list[Agent]] = {}
     for a in agents:
         by_model.setdefault(id(a.model), []).append(a)
+    requests = []
     for group in by_model.values():
         prompts = [nd.prompts[a.index] for a in group for nd in nodes]
         chats = [a.chat for a in group for _ in nodes]
         adapters = [a.adapter for a in group for _ in nodes] if group[0].adapter is not None else None
         seeds = None if seed is None else [derive_seed(seed, a.index, row_offset + k) for a in group for k in range(len(nodes) * g)]
-        s = generate(group[0].model, group[0].tokenizer, prompts, g, settings, chats, autocast_dtype, adapters, seeds)
+        requests.append(GenerationRequest(group[0].model, group[0].tokenizer, prompts, g, settings, chats,
+                                          autocast_dtype, adapters, seeds))
+    for group, s in zip(by_model.values(), generate_concurrently(requests)):
         rows = len(nodes) * g
         for k, a in enumerate(group):
             out[a.index] = own_width(s.rows(k * rows, (k + 1) * rows)) if len(group) > 1 else s
