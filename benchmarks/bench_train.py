@@ -2,7 +2,8 @@
 
 Config (issue 6): 2 agents, full fine-tune fp32, 8 prompts of ~40 tokens, num_generations=4,
 max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: full fine-tune fp32 (the reference
-config), the same with loss micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollouts,
+config; its two models decode at once), the same with the models decoding one after the other (``full2_seq``), with loss
+micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollouts,
 bf16 autocast + bf16 rollouts (also with gradient checkpointing); LoRA r=16 on one shared base for 2 agents (fp32 and bf16) and 4 agents (bf16).
 Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the same run as the tokens/s
 baseline. Each variant runs in its own process so that peak RSS is its own. The pseudo-variant ``reference`` runs
@@ -35,6 +36,7 @@ import torch
 # LoRA base is stored in bf16). forward_batch_size: loss micro-batches of 2 sequences (bounds activation memory).
 VARIANTS = {
     "full2": dict(agents=2, lora=False, bf16=False),
+    "full2_seq": dict(agents=2, lora=False, bf16=False, concurrent_rollout=False),
     "full2_mb2": dict(agents=2, lora=False, bf16=False, forward_batch_size=2),
     "full2_gc": dict(agents=2, lora=False, bf16=False, gradient_checkpointing=True),
     "full2_bf16roll": dict(agents=2, lora=False, bf16=False, rollout_dtype="bfloat16"),
@@ -74,7 +76,7 @@ def run_variant(name: str, steps: int) -> dict:
                         learning_rate=1e-5, logging_steps=0, disable_tqdm=True, output_dir="/tmp/comlrl_bench",
                         bf16=spec["bf16"], forward_batch_size=spec.get("forward_batch_size"),
                         gradient_checkpointing=spec.get("gradient_checkpointing", False),
-                        rollout_dtype=spec.get("rollout_dtype"))
+                        rollout_dtype=spec.get("rollout_dtype"), concurrent_rollout=spec.get("concurrent_rollout", True))
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear") if spec["lora"] else None
     trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(),
                             reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100], args=args, peft_config=peft)

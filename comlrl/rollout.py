@@ -50,6 +50,7 @@ class GenerationSettings:
     top_k: int = 0
     max_prompt_length: int | None = None
     fast: bool = True  # use comlrl.fastgen's decode loop when the model supports it (else HF generate)
+    concurrent: bool = True  # several models' calls decode at once on CPU (generate_concurrently)
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
@@ -149,11 +150,12 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
     fp32 at batch 4: ~17 of ~50 ms), which one model's decode leaves the cores idle through; two models decoding
     side by side with one core each took 3.9 s against 4.6 s one after the other. Tokenizing and decoding text stay
     on the calling thread (a shared fast tokenizer is not safe to call concurrently). Requests sampling from the
-    global RNG (no ``row_seeds``) run one after another, so their draws stay in a fixed order.
+    global RNG (no ``row_seeds``) run one after another, so their draws stay in a fixed order; so do all requests
+    when any has ``settings.concurrent`` off.
     """
     jobs = [_encode(r) for r in requests]
     threads = torch.get_num_threads()
-    concurrent = (len(requests) > 1 and threads >= 2
+    concurrent = (len(requests) > 1 and threads >= 2 and all(r.settings.concurrent for r in requests)
                   and all(model_device(r.model).type == "cpu" for r in requests)
                   and all(r.row_seeds is not None or not r.settings.do_sample for r in requests))
     if not concurrent:

@@ -379,3 +379,7 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
     threads.clear()
     generate_concurrently([GenerationRequest(m, tok, prompts, 3, settings) for m in models])  # global RNG
     assert threads == [True, True]
+    threads.clear()
+    off = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True, concurrent=False)
+    generate_concurrently([GenerationRequest(r.model, tok, prompts, 3, off, row_seeds=r.row_seeds) for r in requests])
+    assert threads == [True, True]

@@ -168,9 +168,9 @@ class MultiAgentTrainer:
         a = self.args
         if train:
             return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length,
-                                      a.fast_generation)
+                                      a.fast_generation, a.concurrent_rollout)
         return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k,
-                                  a.max_prompt_length, a.fast_generation)
+                                  a.max_prompt_length, a.fast_generation, a.concurrent_rollout)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
