@@ -171,6 +171,23 @@ def _logits_path(model, p_ids, p_mask, c_ids, c_mask):
     return _logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
 
 
+def _logp_and_grads(model, fn, tensors, weights):
+    """fn's log-probs and the gradients of sum(weights * log-probs), fresh."""
+    model.zero_grad()
+    logp = fn(model, *tensors)
+    (logp * weights).sum().backward()
+    return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_learning(got, expected, c_mask):
+    """Log-probs (0 on padding) and every gradient equal to fp32 tolerance."""
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+    assert (got[0][c_mask == 0] == 0).all()
+    assert got[1].keys() == expected[1].keys()
+    for name in expected[1]:
+        torch.testing.assert_close(got[1][name], expected[1][name], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_chunked_head_logprobs_equal_the_models_logits(tied):
     """The decoder + chunked output-layer path gives the model's own log-probs and gradients (fp32, to 1e-5)."""
@@ -182,18 +199,9 @@ def test_chunked_head_logprobs_equal_the_models_logits(tied):
         model.lm_head.weight = model.model.embed_tokens.weight
     assert _decoder_and_head(model) is not None
     p_ids, p_mask, c_ids, c_mask, adv = batch(extra_left=1, extra_right=2)
-    weights = torch.randn(c_ids.shape)
-    results = []
-    for fn in (completion_logprobs, _logits_path):
-        model.zero_grad()
-        logp = fn(model, p_ids, p_mask, c_ids, c_mask)
-        (logp * weights * c_mask).sum().backward()
-        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (fast, fast_grads), (ref, ref_grads) = results
-    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
-    assert (fast[c_mask == 0] == 0).all()
-    for name in ref_grads:
-        torch.testing.assert_close(fast_grads[name], ref_grads[name], atol=1e-5, rtol=1e-4)
+    tensors, weights = (p_ids, p_mask, c_ids, c_mask), torch.randn(c_ids.shape) * c_mask
+    _assert_same_learning(_logp_and_grads(model, completion_logprobs, tensors, weights),
+                          _logp_and_grads(model, _logits_path, tensors, weights), c_mask)
     # chunking changes nothing: 3 rows of logits at a time vs all at once
     h = torch.randn(10, 32, requires_grad=True)
     labels = torch.randint(0, 259, (10,))
@@ -272,20 +280,10 @@ def test_rows_sharing_a_prompt_are_packed_with_the_same_logprobs_and_gradients(a
     positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
     layout = rollout.shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, model.config)
     assert layout is not None and layout[0].shape == (3, 6 + 3 * 5)  # 3 prompts, at most 3 completions each
-    weights = torch.randn(c_ids.shape)
-    results = []
-    for packed in (True, False):
-        if not packed:
-            monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
-        model.zero_grad()
-        logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
-        (logp * weights).sum().backward()
-        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (packed_lp, packed_grads), (rows_lp, rows_grads) = results
-    torch.testing.assert_close(packed_lp, rows_lp, atol=1e-5, rtol=1e-5)
-    assert (packed_lp[c_mask == 0] == 0).all()
-    for name in rows_grads:
-        torch.testing.assert_close(packed_grads[name], rows_grads[name], atol=1e-5, rtol=1e-4)
+    tensors, weights = (p_ids, p_mask, c_ids, c_mask), torch.randn(c_ids.shape)
+    packed = _logp_and_grads(model, completion_logprobs, tensors, weights)
+    monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
+    _assert_same_learning(packed, _logp_and_grads(model, completion_logprobs, tensors, weights), c_mask)
 
 
 def test_packed_rows_with_lora_under_bf16_autocast_match_separate_rows(monkeypatch):
