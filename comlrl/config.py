@@ -109,7 +109,8 @@ class TrainConfig:
         True, "On CPU, decode a team's distinct models at once, one thread and its share of the cores each (measured "
         "~13% less rollout time for 2 fp32 SmolLM2-135M agents). Each model decodes from its own weight copy, so when "
         "those are made per step (fp32 weights, which change every update) the rollout holds both at once: +0.1-0.2 "
-        "GB peak RSS for 2 full fine-tuned SmolLM2-135M agents. Turn off to keep the smaller peak."
+        "GB peak RSS for 2 full fine-tuned SmolLM2-135M agents. Turn off to keep the smaller peak. Kernels on fewer "
+        "threads sum in another order, so a run's samples can differ from the same run with this off."
     )
     rollout_dtype: str | None = _help(
         None, "Compute dtype of the rollout decode: None = bfloat16 when bf16 is set, else the model's own; "
