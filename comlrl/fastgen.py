@@ -327,7 +327,7 @@ class _HFDecoder:
         self.model = model
         self.adapter_names = adapter_names
         base = unwrap_peft(model)
-        self._cache_kwarg = _cache_kwarg(base) or "past_key_values"
+        self.cache_kwarg = _cache_kwarg(base) or "past_key_values"
         self.keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.device = model_device(model)
         model_dtype = next(model.parameters()).dtype
@@ -342,7 +342,7 @@ class _HFDecoder:
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": True}
         if self.cache is not None:
-            kwargs[self._cache_kwarg] = self.cache
+            kwargs[self.cache_kwarg] = self.cache
         if self.keep_logits:
             kwargs["logits_to_keep"] = 1
         if self.adapter_names is not None:
@@ -727,7 +727,7 @@ class _LlamaDecoder:
         """
         self.prompt_len = input_ids.shape[1]
         self.next_pos = attention_mask.long().sum(-1, keepdim=True)  # (B, 1)
-        self.key_bias[:, 0, 0, : self.prompt_len] = _additive(attention_mask.bool(), self.dtype)
+        self.key_bias[:, 0, 0, : self.prompt_len] = additive_mask(attention_mask.bool(), self.dtype)
         rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)  # (B, 2P)
         if self.routing is not None:  # rows of different adapters are distinct rows; slot first keeps them grouped
             rows = torch.cat([self.routing.slots[:, None].to(rows.dtype), rows], dim=1)  # (B, 1+2P)
@@ -742,7 +742,7 @@ class _LlamaDecoder:
         # Pad queries attend to themselves so their rows never become all-masked NaNs (their K/V are masked anyway,
         # but a NaN value would still poison real rows through 0 * NaN in the value matmul).
         eye = torch.eye(plen, dtype=torch.bool, device=real.device)
-        bias = _additive((causal & real[:, None, None, :]) | eye, self.dtype)  # (U, 1, P, P)
+        bias = additive_mask((causal & real[:, None, None, :]) | eye, self.dtype)  # (U, 1, P, P)
         logits = self._forward(ids, _prompt_positions(mask), bias, start=0, rows=inverse)  # (U, V)
         if self.routing is not None:
             self.routing.use(self.routing.slots)  # decoding runs all B rows
@@ -811,6 +811,6 @@ class _LlamaDecoder:
         return _linears(out, w.o)
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool mask -> additive attention bias in ``dtype``: 0 where attending is allowed, -inf elsewhere."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))

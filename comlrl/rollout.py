@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from .fastgen import LLAMA_LAYOUTS, fast_generate, supports_fast_generate, window_exceeded
+from .fastgen import LLAMA_LAYOUTS, additive_mask, fast_generate, supports_fast_generate, window_exceeded
 from .losses import head_logprobs, token_logprobs
 from .models import is_checkpointing, model_device, unwrap_peft
 from .sampling import RowSeededSampler
@@ -294,8 +294,7 @@ def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: 
                          position_ids=position_ids, use_cache=False).last_hidden_state
         return hidden[:, prompt_ids.shape[1] - 1 : -1]
     ids, positions, allowed, gather = layout
-    dtype = decoder.get_input_embeddings().weight.dtype
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    bias = additive_mask(allowed, decoder.get_input_embeddings().weight.dtype)
     hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=positions, use_cache=False).last_hidden_state
     return hidden.flatten(0, 1)[gather]  # (B, C, H)
 
@@ -317,14 +316,16 @@ def shared_prompt_layout(
     """
     b, p = prompt_ids.shape
     c = completion_ids.shape[1]
+    # a custom mask replaces the sliding window; flash kernels take no 4-D mask
+    if window_exceeded(config, p + c) or getattr(config, "_attn_implementation", None) not in ("eager", "sdpa"):
+        return None
     uniq, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1), dim=0,
                                  return_inverse=True)  # (U, 2P), (B,)
     u = len(uniq)
+    if u == b:
+        return None
     counts = torch.bincount(inverse, minlength=u)  # (U,)
     k = int(counts.max())
-    if u == b or window_exceeded(config, p + c) or getattr(config, "_attn_implementation", None) not in (
-            "eager", "sdpa"):  # a custom mask replaces the sliding window; flash kernels take no 4-D mask
-        return None
     length = p + k * c
     hidden, layers = getattr(config, "hidden_size", 0), getattr(config, "num_hidden_layers", 0)
     intermediate = getattr(config, "intermediate_size", 4 * hidden)

@@ -249,7 +249,6 @@ def test_forward_batch_size_does_not_change_the_update():
         torch.testing.assert_close(wa, wb, atol=1e-4, rtol=0)
 
 
-
 def test_gradient_checkpointing_does_not_change_the_update():
     """The trainer turns on activation checkpointing when asked (no deprecation warning); the update is the same."""
     import warnings
@@ -264,6 +263,7 @@ def test_gradient_checkpointing_does_not_change_the_update():
     assert not any(is_checkpointing(agent.model) for agent in a.agents)
     for wa, wb in zip(weights(a), weights(b)):
         torch.testing.assert_close(wa, wb, atol=1e-4, rtol=0)
+
 
 def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
     """The trainer sets glibc's mmap threshold from the config (None leaves malloc alone); bad values name the field."""
