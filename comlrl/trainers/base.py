@@ -326,6 +326,10 @@ class MultiAgentTrainer:
             pre = f"agent/{agent.index}/"
             metrics.update({pre + "policy/" + k: float(v) for k, v in first.items()})
             metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
+        # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
+        # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
+        # 0.3-0.6 s of loss time per step, peak RSS unchanged)
+        release_freed_memory()
         return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
 
     def _accumulate_agent(self, agent: Agent, batches: list, weights: list[torch.Tensor],
@@ -382,7 +386,6 @@ class MultiAgentTrainer:
         agent.optimizer.step()
         agent.scheduler.step()
         agent.optimizer.zero_grad(set_to_none=True)
-        release_freed_memory()
         return norm
 
     # ------------------------------------------------------------------ metrics
