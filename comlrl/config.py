@@ -93,6 +93,12 @@ class TrainConfig:
     share_base: bool = _help(
         True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
     )
+    team_lora_forward: bool = _help(
+        False, "With a shared LoRA base and bf16: the agents' loss forward/backward run as one routed pass of the base "
+        "per micro-batch, each row through its own agent's adapter (same gradients as one pass per agent). Trades "
+        "memory for time: every agent's activations are live at once (SmolLM2-135M, 4 agents: loss 6.2-7.6 -> 5.6-5.9 "
+        "s per step, peak RSS 1.8 -> 2.9 GB)."
+    )
     # --- generation ---
     num_generations: int = _help(4, "Samples per agent per prompt (G); the group for the baseline.")
     max_new_tokens: int = _help(128, "Maximum tokens generated per completion.")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -19,7 +20,7 @@ from .losses import head_logprobs, token_logprobs
 from .models import is_checkpointing, model_device, unwrap_peft
 from .sampling import RowSeededSampler
 from .lean import lean_layers
-from .team import fused_lora_forward
+from .team import fused_lora_forward, routed_adapters
 
 
 @dataclass
@@ -248,9 +249,11 @@ def completion_logprobs(
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
+    row_adapters: list[str] | None = None,
 ) -> torch.Tensor:
     """log p(completion token | prefix) for every completion position: (B, C), 0 where ``completion_mask`` is 0.
-    Positions are taken from the mask.
+    Positions are taken from the mask. ``row_adapters`` (B,): each row's LoRA adapter on a shared base, rows of an
+    adapter contiguous (see :func:`team_completion_logprobs`); None: the model as it is.
 
     Logits are computed for real completion tokens only, never the prompt's or padding: for models whose logits are
     a plain output projection of the decoder's last hidden state (Llama-layout), through
@@ -263,11 +266,14 @@ def completion_logprobs(
     # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     parts = _decoder_and_head(model)
+    names, slots = _adapter_slots(row_adapters, ids.device)
     with training_forward(model):
         if parts is None:
-            return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
+            with _routed(names, slots):
+                return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
         decoder, head = parts
-        states = _states_before_completion(model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids)
+        states = _states_before_completion(model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids,
+                                           names, slots)
     real = completion_mask.bool()
     states = states[real]  # (N, H): the state before each real completion token
     device_type = states.device.type
@@ -278,32 +284,85 @@ def completion_logprobs(
 
 
 def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                              completion_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+                              completion_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                              names: list[str] | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
     """The decoder's last hidden state before each completion token: (B, C, H).
 
     Rows that repeat a prompt (the G samples of a rollout) share its forward when :func:`shared_prompt_layout` finds
     that cheaper: one packed row per distinct prompt, [prompt, completion 1, ..., completion k], each completion
     attending to the prompt and to itself only. Same math as the separate rows; backward sums each shared prompt's
-    gradient over its rows.
+    gradient over its rows. ``names``/``slots``: each row's LoRA adapter (rows of different adapters never share).
     """
     config = getattr(decoder, "config", None)
     layout = shared_prompt_layout(prompt_ids, prompt_mask, completion_ids, mask[:, prompt_ids.shape[1]:],
-                                  position_ids, config) if config is not None else None
+                                  position_ids, config, slots) if config is not None else None
     if layout is None:
-        hidden = decoder(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=mask,
-                         position_ids=position_ids, use_cache=False).last_hidden_state
+        with _routed(names, slots):
+            hidden = decoder(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=mask,
+                             position_ids=position_ids, use_cache=False).last_hidden_state
         return hidden[:, prompt_ids.shape[1] - 1 : -1]
     ids, positions, allowed, gather = layout
     bias = additive_mask(allowed, decoder.get_input_embeddings().weight.dtype)
-    hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=positions, use_cache=False).last_hidden_state
+    packed_slots = None
+    if slots is not None:  # each packed row holds the rows of one adapter
+        packed_slots = torch.empty(len(ids), dtype=slots.dtype, device=slots.device)
+        packed_slots[gather[:, 0] // ids.shape[1]] = slots
+    with _routed(names, packed_slots):
+        hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=positions, use_cache=False).last_hidden_state
     return hidden.flatten(0, 1)[gather]  # (B, C, H)
+
+
+def team_completion_logprobs(model: nn.Module, adapters: list[str],
+                             parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """:func:`completion_logprobs` of several agents' rows in one forward of their shared LoRA base, the rows of
+    ``parts[i]`` = (prompt_ids, prompt_mask, completion_ids, completion_mask) through adapter ``adapters[i]`` whatever
+    adapters are active. The same values (up to kernel rounding) as one call per agent with its adapter active; the
+    base's fixed per-forward costs are paid once. Needs autocast and :func:`comlrl.team.can_route`. Returns one
+    (B_i, C_i) tensor per part.
+    """
+    width_p = max(p[0].shape[1] for p in parts)
+    width_c = max(p[2].shape[1] for p in parts)
+    left = lambda t, w: F.pad(t, (w - t.shape[1], 0))  # noqa: E731 (prompts stay left-padded)
+    right = lambda t, w: F.pad(t, (0, w - t.shape[1]))  # noqa: E731
+    stacked = [torch.cat([left(p[0], width_p) for p in parts]), torch.cat([left(p[1], width_p) for p in parts]),
+               torch.cat([right(p[2], width_c) for p in parts]), torch.cat([right(p[3], width_c) for p in parts])]
+    rows = [name for name, p in zip(adapters, parts) for _ in range(len(p[0]))]
+    logp = completion_logprobs(model, *stacked, row_adapters=rows)
+    out, lo = [], 0
+    for p in parts:
+        n, c = p[2].shape
+        out.append(logp[lo : lo + n, :c])
+        lo += n
+    return out
+
+
+def _adapter_slots(row_adapters: list[str] | None, device: torch.device) -> tuple[list[str] | None, torch.Tensor | None]:
+    """(adapter names in order of first use, each row's index into them), or (None, None) without routing."""
+    if row_adapters is None:
+        return None, None
+    names = list(dict.fromkeys(row_adapters))
+    slots = torch.tensor([names.index(n) for n in row_adapters], dtype=torch.long, device=device)
+    if bool((slots.diff() < 0).any()):
+        raise ValueError(f"row_adapters must list each adapter's rows together, got {row_adapters}")
+    return names, slots
+
+
+def _routed(names: list[str] | None, slots: torch.Tensor | None) -> contextlib.AbstractContextManager:
+    """:func:`comlrl.team.routed_adapters` over the contiguous row blocks of ``slots`` (sorted), or a no-op."""
+    if slots is None:
+        return contextlib.nullcontext()
+    counts = torch.bincount(slots, minlength=len(names)).tolist()
+    ends = [sum(counts[: j + 1]) for j in range(len(names))]
+    return routed_adapters([(n, end - k, end) for n, k, end in zip(names, counts, ends) if k])
 
 
 def shared_prompt_layout(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-    position_ids: torch.Tensor, config: object,
+    position_ids: torch.Tensor, config: object, groups: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Pack rows that share a prompt into one sequence per distinct prompt, or None when that would not pay.
+    ``groups`` (B,): rows of different groups never share a packed row (e.g. different LoRA adapters); packed rows
+    are ordered by group.
 
     Returns ``ids`` (U, L) = [prompt (P), completion slot 1 (C), ..., slot K (C)] with L = P + K C (K: the most rows
     of one prompt; unused slots are padding), ``positions`` (U, L) as the separate rows have them, ``allowed``
@@ -319,8 +378,11 @@ def shared_prompt_layout(
     # a custom mask replaces the sliding window; flash kernels take no 4-D mask
     if window_exceeded(config, p + c) or getattr(config, "_attn_implementation", None) not in ("eager", "sdpa"):
         return None
-    uniq, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1), dim=0,
-                                 return_inverse=True)  # (U, 2P), (B,)
+    keys = [prompt_ids, prompt_mask.to(prompt_ids.dtype)]
+    if groups is not None:
+        keys.insert(0, groups[:, None].to(prompt_ids.dtype))
+    uniq, inverse = torch.unique(torch.cat(keys, dim=1), dim=0, return_inverse=True)  # (U, [1+]2P), (B,)
+    uniq = uniq[:, uniq.shape[1] - 2 * p :]
     u = len(uniq)
     if u == b:
         return None

@@ -16,12 +16,13 @@ def lora():
     return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
 
 
-def trainer(share=True, **kw):
+def trainer(share=True, formatters=None, **kw):
     settings = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=5, max_steps=2,
                     learning_rate=1e-2, logging_steps=0, disable_tqdm=True, share_base=share)
     args = MAGRPOConfig(**{**settings, **kw})
     return MAGRPOTrainer(model=tiny_model(), num_agents=3, tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                         reward_func=lambda a, b, c: [float(len(c[0]) - len(a[0]))], args=args, peft_config=lora())
+                         reward_func=lambda a, b, c: [float(len(c[0]) - len(a[0]))], args=args, peft_config=lora(),
+                         formatters=formatters)
 
 
 def base_state(model):
@@ -125,16 +126,26 @@ def test_lora_save_gives_one_adapter_folder_per_agent(tmp_path):
 
 
 def test_fused_lora_delta_gradcheck():
-    """The fused LoRA op: base_out + s (x A^T) B^T, gradients for x, A, B and the base output match finite differences."""
+    """The fused LoRA op: base_out + s (x A^T) B^T, gradients for x, A, B and the base output match finite differences;
+    with two adapters routed over row blocks (and rows no adapter covers), each block gets its own delta."""
     from comlrl.team import _LoRADelta
 
     torch.manual_seed(0)
     base, x = torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
     a, b = torch.randn(2, 4, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
     inputs = [t.requires_grad_() for t in (base, x, a, b)]
-    out = _LoRADelta.apply(*inputs, 0.5, torch.float64)
-    torch.testing.assert_close(out, base + 0.5 * (x @ a.T) @ b.T)
-    assert torch.autograd.gradcheck(lambda *t: _LoRADelta.apply(*t, 0.5, torch.float64), inputs)
+    one = lambda base, x, a, b: _LoRADelta.apply(base, x, ((0, 2),), (0.5,), torch.float64, a, b)  # noqa: E731
+    torch.testing.assert_close(one(*inputs), base + 0.5 * (x @ a.T) @ b.T)
+    assert torch.autograd.gradcheck(one, inputs)
+
+    base, x = torch.randn(5, 3, 5, dtype=torch.float64), torch.randn(5, 3, 4, dtype=torch.float64)
+    a2, b2 = torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    inputs = [t.requires_grad_() for t in (base, x, a, b, a2, b2)]
+    two = lambda base, x, a, b, a2, b2: _LoRADelta.apply(  # noqa: E731
+        base, x, ((0, 2), (3, 5)), (0.5, 2.0), torch.float64, a, b, a2, b2)
+    want = torch.cat([base[:2] + 0.5 * (x[:2] @ a.T) @ b.T, base[2:3], base[3:] + 2.0 * (x[3:] @ a2.T) @ b2.T])
+    torch.testing.assert_close(two(*inputs), want)
+    assert torch.autograd.gradcheck(two, inputs)
 
 
 def test_fused_lora_forward_is_scoped_and_falls_back():
@@ -158,3 +169,69 @@ def test_fused_lora_forward_is_scoped_and_falls_back():
     model.get_base_model().gradient_checkpointing_enable()
     with fused_lora_forward(model):
         assert Linear.forward is original
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm().clamp(min=1e-12))
+
+
+def test_team_lora_forward_gives_each_agent_its_own_gradients():
+    """A bf16 LoRA team: one routed forward/backward for all agents gives each adapter the gradient and metrics of its
+    own agent's pass -- with the same prompt for every agent (rows of different adapters must not be packed together)
+    and a longer prompt for one agent (padding)."""
+    from comlrl.losses import loss_weights
+    from comlrl.trainers.episode import episode_advantages
+
+    fmts = [lambda r: r["prompt"], lambda r: "Answer in a few words, please. " + r["prompt"], lambda r: r["prompt"]]
+    t = trainer(bf16=True, formatters=fmts, team_lora_forward=True)
+    _sync_adapters(t, t)
+    assert t._update_groups() == [t.agents]
+    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    adv = episode_advantages(ep, 3, 2)
+    data = {}
+    for a in t.agents:
+        samples = ep.turns[0].samples[a.index]
+        data[a.index] = ([(samples, adv[a.index][0])], loss_weights([samples.completion_mask], "token_mean"), {})
+    team_sums = t._accumulate_team(t.agents, data, 0)
+    team = [[p.grad.clone() for p in a.params] for a in t.agents]
+    for a in t.agents:
+        batches, w, _ = data[a.index]
+        sums = t._accumulate_agent(a, batches, w, {}, 0)
+        for k, v in sums.items():
+            assert abs(team_sums[a.index][k] - v) <= 1e-2 * max(abs(v), 1e-3), (a.index, k)
+        alone = [p.grad for p in a.params]
+        assert all(g.abs().sum() > 0 for g in alone)
+        for g_team, g_alone in zip(team[a.index], alone):
+            assert _relative_error(g_team, g_alone) < 2e-2, a.adapter
+    # the agents' gradients really differ, so a mix-up of adapters would show
+    assert _relative_error(team[0][0], team[1][0]) > 0.2
+
+
+def test_team_lora_forward_is_used_only_where_it_routes_exactly():
+    t = trainer(bf16=True, team_lora_forward=True)
+    assert t._update_groups() == [t.agents]
+    assert [len(g) for g in trainer(bf16=False, team_lora_forward=True)._update_groups()] == [1, 1, 1]  # no autocast
+    assert [len(g) for g in trainer(bf16=True)._update_groups()] == [1, 1, 1]  # off by default
+    dropout = trainer(bf16=True, team_lora_forward=True)
+    for m in dropout.agents[0].model.modules():
+        if hasattr(m, "lora_dropout") and "agent_1" in m.lora_dropout:
+            m.lora_dropout["agent_1"] = torch.nn.Dropout(0.1)
+    assert [len(g) for g in dropout._update_groups()] == [1, 1, 1]
+
+
+def test_routed_forward_refuses_a_layer_it_cannot_compute():
+    import pytest
+
+    from comlrl.rollout import team_completion_logprobs
+    from comlrl.team import can_route
+
+    t = trainer(bf16=True)
+    model = t.agents[0].model
+    for m in model.modules():
+        if hasattr(m, "lora_dropout") and "agent_1" in m.lora_dropout:
+            m.lora_dropout["agent_1"] = torch.nn.Dropout(0.1)
+    assert not can_route(model, ["agent_0", "agent_1"])
+    ids, mask = torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long)
+    parts = [(ids, mask, ids, mask)] * 2
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="cannot route"):
+        team_completion_logprobs(model, ["agent_0", "agent_1"], parts)

@@ -21,12 +21,12 @@ from ..config import MAGRPOConfig
 from ..errors import ConfigError
 from ..losses import loss_weights, policy_loss
 from ..models import check_vocab, copy_model
-from ..rollout import GenerationSettings, completion_logprobs
+from ..rollout import GenerationSettings, completion_logprobs, team_completion_logprobs
 from ..sampling import derive_seed
 from .. import checkpoint
 from ..tracking import Tracker
 from .episode import Episode, episode_advantages, root_nodes, run_episode
-from ..team import active_adapter, adapter_parameters, build_lora_team, reference_mode
+from ..team import active_adapter, adapter_parameters, build_lora_team, can_route, reference_mode, trainable
 from .setup import (Agent, apply_formatter, build_formatters, build_models, build_optimizer, build_tokenizers,
                     chat_flags, limit_heap_fragmentation, release_freed_memory, resolve_device, set_seed,
                     source_groups, team_sources)
@@ -306,31 +306,52 @@ class MultiAgentTrainer:
     def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
         """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
         metrics: dict[str, float] = {"time/loss": 0.0, "time/optimizer": 0.0}
-        for agent in self.agents:
-            batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
-            weights = loss_weights([s.completion_mask for s, _ in batches], self.args.loss_type)
-            if self.dist is not None:  # data parallel: this replica's rows; the weights keep the whole step's normalizer
-                batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
-            cache: dict[tuple[int, int], torch.Tensor] = {}
+        for group in self._update_groups():
+            data = {}  # agent index -> (batches, weights, old log-prob cache)
+            for agent in group:
+                batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
+                weights = loss_weights([s.completion_mask for s, _ in batches], self.args.loss_type)
+                if self.dist is not None:  # data parallel: this replica's rows; the weights keep the whole step's normalizer
+                    batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
+                data[agent.index] = (batches, weights, {})
             for it in range(self.args.num_iterations):
                 start = time.perf_counter()
-                sums = self._accumulate_agent(agent, batches, weights, cache, it)
+                if len(group) > 1:
+                    sums = self._accumulate_team(group, data, it)
+                else:
+                    sums = {group[0].index: self._accumulate_agent(group[0], *data[group[0].index], it)}
                 if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
-                    sums = self.dist.reduce_gradients(agent, sums)
+                    sums = {a.index: self.dist.reduce_gradients(a, sums[a.index]) for a in group}
                 mid = time.perf_counter()
-                norm = self._optimizer_step(agent)
+                norms = {a.index: self._optimizer_step(a) for a in group}
                 metrics["time/loss"] += mid - start
                 metrics["time/optimizer"] += time.perf_counter() - mid
                 if it == 0:
-                    first = dict(sums, grad_norm=norm)
-            pre = f"agent/{agent.index}/"
-            metrics.update({pre + "policy/" + k: float(v) for k, v in first.items()})
-            metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
+                    first = {i: dict(sums[i], grad_norm=norms[i]) for i in sums}
+            for agent in group:
+                pre = f"agent/{agent.index}/"
+                metrics.update({pre + "policy/" + k: float(v) for k, v in first[agent.index].items()})
+                metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
         # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
         # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
         # 0.3-0.6 s of loss time per step, peak RSS unchanged)
         release_freed_memory()
         return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
+
+    def _update_groups(self) -> list[list[Agent]]:
+        """Agents whose losses run in one forward: with ``team_lora_forward``, a LoRA team on one base in bf16, routed
+        row by row (:func:`comlrl.rollout.team_completion_logprobs`); every other agent alone. In agent order."""
+        groups: dict[int, list[Agent]] = {}
+        for a in self.agents:
+            joint = (a.adapter is not None and self.args.team_lora_forward and self.args.bf16 and self.dist is None)
+            groups.setdefault(id(a.model) if joint else -1 - a.index, []).append(a)
+        out = []
+        for group in groups.values():
+            if len(group) > 1 and can_route(group[0].model, [a.adapter for a in group]):
+                out.append(group)
+            else:
+                out.extend([a] for a in group)
+        return sorted(out, key=lambda g: g[0].index)
 
     def _accumulate_agent(self, agent: Agent, batches: list, weights: list[torch.Tensor],
                           cache: dict, iteration: int) -> dict[str, float]:
@@ -340,30 +361,59 @@ class MultiAgentTrainer:
         agent.optimizer.zero_grad(set_to_none=True)
         # backward must run while the agent's adapter is active: PEFT freezes inactive adapters
         with active_adapter(agent.model, agent.adapter):
-            return self._accumulate_chunks(agent, batches, weights, cache, iteration)
-
-    def _accumulate_chunks(self, agent: Agent, batches: list, weights: list[torch.Tensor],
-                           cache: dict, iteration: int) -> dict[str, float]:
-        sums: dict[str, float] = {}
-        chunk = self.args.forward_batch_size
-        for b, ((samples, adv), w) in enumerate(zip(batches, weights)):
-            rows = samples.completion_ids.shape[0]
-            for lo in range(0, rows, chunk or rows):
-                sl = slice(lo, lo + (chunk or rows))
-                tensors = [x[sl].to(self.device) for x in (samples.prompt_ids, samples.prompt_mask,
-                                                           samples.completion_ids, samples.completion_mask)]
+            sums: dict[str, float] = {}
+            for b, lo, sl in self._chunks(batches):
+                tensors = self._chunk_tensors(batches[b][0], sl)
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
                     logp = completion_logprobs(agent.model, *tensors)
-                key = (b, lo)
-                if iteration == 0:  # parameters are still those that sampled: old log-probs are free
-                    cache[key] = logp.detach()
-                ref = self._ref_logprobs(agent, tensors, cache, key)
-                loss, m = policy_loss(logp, cache[key], adv[sl].to(self.device), w[sl].to(self.device),
-                                      self.args.epsilon, ref, self.args.beta)
-                loss.backward()
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                self._chunk_loss(agent, logp, tensors, batches[b][1][sl], weights[b][sl], cache, (b, lo), iteration,
+                                 sums).backward()
+            return sums
+
+    def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
+        """:meth:`_accumulate_agent` for agents sharing a LoRA base: each chunk of every agent in one routed
+        forward and one backward of the summed losses (each adapter's gradient is its own agent's)."""
+        model = group[0].model
+        if not model.training:
+            model.train()
+        for a in group:
+            a.optimizer.zero_grad(set_to_none=True)
+        sums: dict[int, dict[str, float]] = {a.index: {} for a in group}
+        with trainable([p for a in group for p in a.params]):  # PEFT freezes the adapters that are not active
+            for b, lo, sl in self._chunks(data[group[0].index][0]):
+                parts = [self._chunk_tensors(data[a.index][0][b][0], sl) for a in group]
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                    logps = team_completion_logprobs(model, [a.adapter for a in group], parts)
+                total = sum(self._chunk_loss(a, logp, tensors, data[a.index][0][b][1][sl], data[a.index][1][b][sl],
+                                             data[a.index][2], (b, lo), iteration, sums[a.index])
+                            for a, logp, tensors in zip(group, logps, parts))
+                total.backward()
         return sums
+
+    def _chunks(self, batches: list) -> Iterator[tuple[int, int, slice]]:
+        """(batch index, first row, row slice) of every forward chunk (``forward_batch_size`` rows at most)."""
+        chunk = self.args.forward_batch_size
+        for b, (samples, _) in enumerate(batches):
+            rows = samples.completion_ids.shape[0]
+            for lo in range(0, rows, chunk or rows):
+                yield b, lo, slice(lo, lo + (chunk or rows))
+
+    def _chunk_tensors(self, samples: Any, sl: slice) -> list[torch.Tensor]:
+        return [x[sl].to(self.device) for x in (samples.prompt_ids, samples.prompt_mask, samples.completion_ids,
+                                                 samples.completion_mask)]
+
+    def _chunk_loss(self, agent: Agent, logp: torch.Tensor, tensors: list[torch.Tensor], adv: torch.Tensor,
+                    weights: torch.Tensor, cache: dict, key: tuple[int, int], iteration: int,
+                    sums: dict[str, float]) -> torch.Tensor:
+        """An agent's policy loss on one chunk (its metrics added to ``sums``)."""
+        if iteration == 0:  # parameters are still those that sampled: old log-probs are free
+            cache[key] = logp.detach()
+        ref = self._ref_logprobs(agent, tensors, cache, key)
+        loss, m = policy_loss(logp, cache[key], adv.to(self.device), weights.to(self.device), self.args.epsilon, ref,
+                              self.args.beta)
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        return loss
 
     def _ref_logprobs(self, agent: Agent, tensors: list[torch.Tensor], cache: dict, key: tuple) -> torch.Tensor | None:
         """Log-probs under the frozen reference: a copy of the initial model, or the LoRA base with adapters off."""
