@@ -6,6 +6,7 @@ All prompts of a step x ``num_generations`` go through one ``generate`` call per
 from __future__ import annotations
 
 import contextlib
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -340,8 +341,9 @@ def _adapter_slots(row_adapters: list[str] | None, device: torch.device) -> tupl
     """(adapter names in order of first use, each row's index into them), or (None, None) without routing."""
     if row_adapters is None:
         return None, None
-    names = list(dict.fromkeys(row_adapters))
-    slots = torch.tensor([names.index(n) for n in row_adapters], dtype=torch.long, device=device)
+    index = {n: j for j, n in enumerate(dict.fromkeys(row_adapters))}
+    names = list(index)
+    slots = torch.tensor([index[n] for n in row_adapters], dtype=torch.long, device=device)
     if bool((slots.diff() < 0).any()):
         raise ValueError(f"row_adapters must list each adapter's rows together, got {row_adapters}")
     return names, slots
@@ -352,8 +354,7 @@ def _routed(names: list[str] | None, slots: torch.Tensor | None) -> contextlib.A
     if slots is None:
         return contextlib.nullcontext()
     counts = torch.bincount(slots, minlength=len(names)).tolist()
-    ends = [sum(counts[: j + 1]) for j in range(len(names))]
-    return routed_adapters([(n, end - k, end) for n, k, end in zip(names, counts, ends) if k])
+    return routed_adapters([(n, end - k, end) for n, k, end in zip(names, counts, itertools.accumulate(counts)) if k])
 
 
 def shared_prompt_layout(
