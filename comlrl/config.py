@@ -121,8 +121,17 @@ class TrainConfig:
     rollout_dtype: str | None = _help(
         None, "Compute dtype of the rollout decode: None = bfloat16 when bf16 is set, else the model's own; "
         "'bfloat16' with fp32 training samples from a bf16 copy of the weights (about 2x the decode tokens/s on CPUs "
-        "with bf16 matmul units and on GPUs) -- a slightly different policy than the fp32 one the loss scores."
+        "with bf16 matmul units and on GPUs) -- a slightly different policy than the fp32 one the loss scores "
+        "(see rollout_correction)."
     )
+    rollout_correction: str | None = _help(
+        "tis", "When the rollout decodes in another dtype than the training forward (rollout_dtype), the tokens come "
+        "from a slightly different policy than the one the loss scores. 'tis': the rollout records each sampled "
+        "token's log-prob and the loss weighs the token by min(p_train / p_rollout, rollout_is_cap), truncated "
+        "importance sampling as in verl's rollout correction (Yao et al. 2025); metrics rollout_is_weight, "
+        "rollout_is_capped, rollout_kl. None: no correction. No effect when the two dtypes agree."
+    )
+    rollout_is_cap: float = _help(2.0, "Upper bound of the per-token importance weight of rollout_correction='tis'.")
     apply_chat_template: bool | list = _help(
         False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
     )
@@ -173,6 +182,8 @@ class TrainConfig:
             (self.max_steps > 0 or self.num_train_epochs > 0, "max_steps", "set max_steps > 0 or num_train_epochs > 0"),
             (self.dist_timeout > 0, "dist_timeout", "must be > 0 seconds"),
             (self.rollout_dtype in ROLLOUT_DTYPES, "rollout_dtype", f"must be one of {ROLLOUT_DTYPES}"),
+            (self.rollout_correction in (None, "tis"), "rollout_correction", "must be 'tis' or None"),
+            (self.rollout_is_cap >= 1.0, "rollout_is_cap", "must be >= 1"),
             (self.placement is None or isinstance(self.placement, dict), "placement",
              "must be a mapping agent index -> rank or list of ranks"),
         ]

@@ -262,6 +262,7 @@ def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
         torch.cat([right(p.completion_ids, pad_id) for p in parts]),
         torch.cat([right(p.completion_mask, 0) for p in parts]),
         [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
+        None if any(p.rollout_logprobs is None for p in parts) else torch.cat([right(p.rollout_logprobs, 0) for p in parts]),
     )
 
 

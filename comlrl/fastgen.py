@@ -103,8 +103,11 @@ def fast_generate(
     sample_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     adapter_names: list[str] | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
-    """Completion ids (B, <=max_new_tokens) for left-padded prompts, right-padded with ``pad_token_id`` after EOS.
+    logprobs: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Completion ids (B, <=max_new_tokens) for left-padded prompts, right-padded with ``pad_token_id`` after EOS;
+    with ``logprobs``, also each sampled token's log-prob under the decode's own logits (temperature 1, no
+    filtering: the policy the loss scores, as this decode computes it), (B, same width) fp32, 0 after EOS.
 
     ``input_ids``/``attention_mask``: (B, P), left-padded as ``rollout.left_pad`` builds them. ``dtype``: compute
     dtype for the decode (e.g. ``torch.bfloat16`` casts a copy of the weights; ``None`` keeps the model's dtype).
@@ -125,7 +128,8 @@ def fast_generate(
     if adapter_names is not None and len(adapter_names) != batch:
         raise ValueError(f"adapter_names has {len(adapter_names)} names for {batch} rows")
     if max_new_tokens <= 0:
-        return torch.empty((batch, 0), dtype=torch.long, device=device)
+        ids = torch.empty((batch, 0), dtype=torch.long, device=device)
+        return (ids, torch.empty((batch, 0), device=device)) if logprobs else ids
     decoder = _make_decoder(model, batch, prompt_len + max_new_tokens, dtype, backend, adapter_names)
     # The generic path runs the model's forward: eval mode (no dropout) for the call. The Llama path only reads
     # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).
@@ -135,7 +139,8 @@ def fast_generate(
     try:
         logits = decoder.prefill(input_ids, attention_mask)  # (B, V) fp32
         sample = sample_fn or _sampler(do_sample, temperature, top_k, top_p, generator)
-        return _decode_loop(decoder, logits, sample, max_new_tokens, eos_token_ids, pad_token_id)
+        ids, logp = _decode_loop(decoder, logits, sample, max_new_tokens, eos_token_ids, pad_token_id, logprobs)
+        return (ids, logp) if logprobs else ids
     finally:
         if generic:
             model.train(was_training)
@@ -241,24 +246,30 @@ def _decode_loop(
     max_new_tokens: int,
     eos_token_ids: list[int],
     pad_token_id: int,
-) -> torch.Tensor:
-    """Sample, record, stop rows at EOS, feed the token back; returns (B, steps taken)."""
+    logprobs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sample, record, stop rows at EOS, feed the token back; returns ids (B, steps taken) and, with ``logprobs``,
+    the sampled tokens' log-probs under the raw logits (same shape, 0 once a row is done)."""
     batch = logits.shape[0]
     device = logits.device
     out = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)  # (B, C)
+    logp = torch.zeros((batch, max_new_tokens), device=device) if logprobs else None  # (B, C)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)  # (B,)
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
         tokens = torch.where(unfinished, sample(logits), pad)  # (B,)
         out[:, t] = tokens
+        if logp is not None:
+            picked = logits.gather(1, tokens[:, None])[:, 0] - logits.float().logsumexp(dim=-1)
+            logp[:, t] = picked.where(unfinished, 0.0)
         if eos.numel():
             unfinished &= ~torch.isin(tokens, eos)
         # One host sync per step; on CPU it is free, on GPU it is what generate does too.
         if t + 1 == max_new_tokens or not bool(unfinished.any()):
-            return out[:, : t + 1]
+            return out[:, : t + 1], None if logp is None else logp[:, : t + 1]
         logits = decoder.step(tokens, t)
-    return out
+    return out, logp
 
 
 # ---------------------------------------------------------------------------------------------------------------------

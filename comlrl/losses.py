@@ -130,12 +130,17 @@ def policy_loss(
     epsilon: float = 0.2,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
+    rollout_logp: torch.Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss (PPO/GRPO objective) summed with per-token ``weights``.
 
     logp, old_logp, weights: (B, C); advantages: (B,). With old_logp == logp.detach() the ratio is 1 and the
     gradient is the REINFORCE estimator -sum_t w_t * A * grad log p_t.
     KL to the reference uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman 2020).
+    ``rollout_logp`` (B, C): the log-probs the tokens were sampled with, when that policy differs numerically from
+    the one ``old_logp`` scores (e.g. a bf16 rollout of fp32 weights): each token's policy term is weighted by the
+    truncated importance weight min(exp(old_logp - rollout_logp), is_cap) (Yao et al. 2025, "TIS").
     Returns (loss, metrics) where metrics are weighted sums over this batch (detached).
     """
     adv = advantages.unsqueeze(1)  # (B, 1)
@@ -144,10 +149,16 @@ def policy_loss(
     pg2 = -adv * torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon)
     per_token = torch.maximum(pg1, pg2)
     metrics = {
-        "pg_loss": (per_token * weights).sum().detach(),
         "clip_frac": ((pg2 > pg1).float() * weights).sum().detach(),
         "approx_kl_old": ((old_logp - logp) * weights).sum().detach(),
     }
+    if rollout_logp is not None:
+        raw = torch.exp(old_logp - rollout_logp).detach()
+        per_token = per_token * raw.clamp(max=is_cap)
+        metrics["rollout_is_weight"] = (raw.clamp(max=is_cap) * weights).sum()
+        metrics["rollout_is_capped"] = ((raw > is_cap).float() * weights).sum()
+        metrics["rollout_kl"] = ((rollout_logp - old_logp) * weights).sum().detach()  # KL(rollout || train), k1
+    metrics["pg_loss"] = (per_token * weights).sum().detach()
     if ref_logp is not None and beta > 0:
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1.0

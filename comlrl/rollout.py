@@ -34,11 +34,20 @@ class Samples:
     completion_mask: torch.Tensor  # (B*G, C) 1 up to and including the first EOS
     texts: list[str] = field(default_factory=list)
     truncated: torch.Tensor | None = None  # (B*G,) bool: hit max_new_tokens without EOS
+    # (B*G, C) fp32: each completion token's log-prob under the policy that sampled it, as the rollout computed it
+    # (``GenerationSettings.logprobs``; 0 on padding); None when not recorded
+    rollout_logprobs: torch.Tensor | None = None
 
     def rows(self, lo: int, hi: int) -> "Samples":
         """Rows lo:hi (e.g. one agent's part of a batch generated for several agents)."""
-        return Samples(self.prompt_ids[lo:hi], self.prompt_mask[lo:hi], self.completion_ids[lo:hi],
-                       self.completion_mask[lo:hi], self.texts[lo:hi], self.truncated[lo:hi])
+        return self.select(slice(lo, hi))
+
+    def select(self, rows: slice, prompt_cols: slice = slice(None), completion_cols: slice = slice(None)) -> "Samples":
+        """The given rows, prompt columns and completion columns."""
+        logp = None if self.rollout_logprobs is None else self.rollout_logprobs[rows, completion_cols]
+        return Samples(self.prompt_ids[rows, prompt_cols], self.prompt_mask[rows, prompt_cols],
+                       self.completion_ids[rows, completion_cols], self.completion_mask[rows, completion_cols],
+                       self.texts[rows], self.truncated[rows], logp)
 
 
 @dataclass
@@ -53,6 +62,7 @@ class GenerationSettings:
     max_prompt_length: int | None = None
     fast: bool = True  # use comlrl.fastgen's decode loop when the model supports it (else HF generate)
     concurrent: bool = True  # several models' calls decode at once on CPU (generate_concurrently)
+    logprobs: bool = False  # record Samples.rollout_logprobs
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
@@ -165,14 +175,14 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
     else:
         workers = min(len(requests), threads)
 
-        def run(pair: tuple[GenerationRequest, dict]) -> torch.Tensor:
+        def run(pair: tuple[GenerationRequest, dict]) -> tuple[torch.Tensor, torch.Tensor | None]:
             torch.set_num_threads(max(threads // workers, 1))  # this thread's intra-op pool only
             with torch.no_grad():
                 return _sample(*pair)
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="comlrl-rollout") as pool:
             completions = list(pool.map(run, zip(requests, jobs)))
-    return [_finish(r, job, ids) for r, job, ids in zip(requests, jobs, completions)]
+    return [_finish(r, job, *out) for r, job, out in zip(requests, jobs, completions)]
 
 
 def _encode(r: GenerationRequest) -> dict:
@@ -200,8 +210,9 @@ def _encode(r: GenerationRequest) -> dict:
     return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, stop=stop, pad_id=pad_id, kwargs=kwargs)
 
 
-def _sample(r: GenerationRequest, job: dict) -> torch.Tensor:
-    """Completion ids (B*G, T) of an encoded request, on CPU; touches the model only (no tokenizer)."""
+def _sample(r: GenerationRequest, job: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Completion ids (B*G, T) of an encoded request and, with ``settings.logprobs``, the sampled tokens' log-probs
+    (B*G, T), on CPU; touches the model only (no tokenizer)."""
     model, settings, kwargs = r.model, r.settings, job["kwargs"]
     prompt_ids, prompt_mask, stop, pad_id = job["prompt_ids"], job["prompt_mask"], job["stop"], job["pad_id"]
     device = model_device(model)
@@ -213,35 +224,47 @@ def _sample(r: GenerationRequest, job: dict) -> torch.Tensor:
                      kwargs.get("adapter_names"), sampler, device)
     if sampler is not None:
         kwargs = dict(kwargs, logits_processor=LogitsProcessorList([sampler]))
+    if settings.logprobs:
+        kwargs = dict(kwargs, output_logits=True, return_dict_in_generate=True)
     was_training = model.training
     model.train(False)
     with torch.autocast(device.type, dtype=r.autocast_dtype or torch.bfloat16, enabled=r.autocast_dtype is not None):
         out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), **kwargs)
     model.train(was_training)
-    return out[:, prompt_ids.shape[1]:].cpu()
+    if not settings.logprobs:
+        return out[:, prompt_ids.shape[1]:].cpu(), None
+    ids = out.sequences[:, prompt_ids.shape[1]:]
+    logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw scores, before any warper
+    return ids.cpu(), token_logprobs(logits, ids).cpu()
 
 
-def _finish(r: GenerationRequest, job: dict, completion_ids: torch.Tensor) -> Samples:
-    """Samples of a request from its completion ids: masked after the first stop id, padded, decoded to text."""
+def _finish(r: GenerationRequest, job: dict, completion_ids: torch.Tensor, logp: torch.Tensor | None) -> Samples:
+    """Samples of a request from its completion ids (and log-probs): masked after the first stop id, padded,
+    decoded to text."""
     stop, pad_id = job["stop"], job["pad_id"]
     if completion_ids.shape[1] == 0:
         completion_ids = torch.full((len(job["prompt_ids"]), 1), stop[0] if stop else pad_id, dtype=torch.long)
+        logp = None if logp is None else torch.zeros(completion_ids.shape)
     mask, truncated = completion_mask(completion_ids, stop)
     completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
     texts = r.tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask), skip_special_tokens=True)
-    return Samples(job["prompt_ids"], job["prompt_mask"], completion_ids, mask, texts, truncated)
+    if logp is not None:
+        logp = logp * mask
+    return Samples(job["prompt_ids"], job["prompt_mask"], completion_ids, mask, texts, truncated, logp)
 
 
 def _fast(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, settings: GenerationSettings,
           stop: list[int], pad_id: int, dtype: torch.dtype | None, adapter_names: list[str] | None,
-          sampler: RowSeededSampler | None, device: torch.device) -> torch.Tensor:
-    """Completion ids from :func:`comlrl.fastgen.fast_generate` (same distribution as ``generate``)."""
-    return fast_generate(
+          sampler: RowSeededSampler | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Completion ids (and log-probs) from :func:`comlrl.fastgen.fast_generate` (same distribution as ``generate``)."""
+    out = fast_generate(
         model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens=settings.max_new_tokens,
         eos_token_ids=stop, pad_token_id=pad_id, do_sample=settings.do_sample, temperature=settings.temperature,
         top_p=settings.top_p, top_k=settings.top_k or 0, dtype=dtype, sample_fn=sampler.sample if sampler else None,
-        adapter_names=adapter_names,
-    ).cpu()
+        adapter_names=adapter_names, logprobs=settings.logprobs,
+    )
+    ids, logp = out if settings.logprobs else (out, None)
+    return ids.cpu(), None if logp is None else logp.cpu()
 
 
 def completion_logprobs(

@@ -383,3 +383,35 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
     off = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True, concurrent=False)
     generate_concurrently([GenerationRequest(r.model, tok, prompts, 3, off, row_seeds=r.row_seeds) for r in requests])
     assert threads == [True, True]
+
+
+# --- rollout log-probs --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fastgen", "hf-generate"])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
+    """Samples.rollout_logprobs: each sampled token's log-prob under the rollout's own logits, 0 on padding. In the
+    model's dtype they equal what the loss forward computes (1e-5); a bf16 rollout differs from the fp32 loss by a
+    little, not by nothing."""
+    from comlrl.rollout import GenerationSettings, completion_logprobs, generate
+    from tiny import tiny_tokenizer
+
+    model, tok = tiny_model(seed=3).eval(), tiny_tokenizer()
+    settings = GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast, logprobs=True)
+    s = generate(model, tok, ["ab", "hello there"], 3, settings, autocast_dtype=dtype,
+                 row_seeds=list(range(6)))
+    assert s.rollout_logprobs.shape == s.completion_ids.shape
+    assert torch.all(s.rollout_logprobs[s.completion_mask == 0] == 0)
+    real = s.completion_mask.bool()
+    assert torch.all(s.rollout_logprobs[real] < 0)
+    with torch.no_grad():
+        ref = completion_logprobs(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
+    gap = (s.rollout_logprobs - ref)[real].abs().max()
+    if dtype is None:
+        assert gap < 1e-5
+    else:
+        assert 1e-4 < gap < 0.5
+    plain = generate(model, tok, ["ab", "hello there"], 3, GenerationSettings(max_new_tokens=12, temperature=0.7,
+                     top_k=50, fast=fast), autocast_dtype=dtype, row_seeds=list(range(6)))
+    assert plain.rollout_logprobs is None and torch.equal(plain.completion_ids, s.completion_ids)

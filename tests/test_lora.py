@@ -95,13 +95,16 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
 def test_mixed_adapter_generation_matches_one_agent_at_a_time():
     shared, plain = trainer(share=True), trainer(share=False)
     _sync_adapters(shared, plain)
-    greedy = GenerationSettings(max_new_tokens=6, do_sample=False)
+    greedy = GenerationSettings(max_new_tokens=6, do_sample=False, logprobs=True)
     nodes = root_nodes(shared.agents, ROWS[:2], [0, 1])
     from comlrl.trainers.episode import generate_team
 
     together = generate_team(shared.agents, nodes, 1, greedy)
     alone = generate_team(plain.agents, nodes, 1, greedy)
     assert [s.texts for s in together] == [s.texts for s in alone]
+    for s, a in zip(together, alone):  # each agent's rows keep their own recorded log-probs
+        assert s.rollout_logprobs.shape == s.completion_ids.shape
+        torch.testing.assert_close(s.rollout_logprobs, a.rollout_logprobs, atol=1e-5, rtol=0)
     assert together[0].texts != together[1].texts  # adapters really differ per agent
 
 

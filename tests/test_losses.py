@@ -329,3 +329,29 @@ def test_packing_is_declined_when_it_would_not_pay():
     # a sliding window shorter than the rows: the custom mask would drop it
     config.model_type, config.sliding_window = "mistral", 8
     assert shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, config) is None
+
+
+def test_truncated_importance_weights_on_a_mismatched_rollout():
+    """rollout_logp: token t's policy term is scaled by min(p_old / p_rollout, cap), held constant (no gradient
+    through the weight); equal log-probs leave the loss and its gradient as they were."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    w = torch.tensor([[0.25, 0.25, 0.5]])
+    adv = torch.tensor([2.0])
+    rollout = torch.tensor([[-1.2, -2.0, -2.0]])  # weights e^0.2 = 1.22, 1, e^1.5 = 4.48 -> capped at 2
+    loss, m = policy_loss(logp, logp.detach(), adv, w, rollout_logp=rollout, is_cap=2.0)
+    loss.backward()
+    iw = torch.tensor([[float(torch.exp(torch.tensor(0.2))), 1.0, 2.0]])
+    torch.testing.assert_close(logp.grad, -adv * w * iw)
+    torch.testing.assert_close(loss, -(adv * w * iw).sum())
+    torch.testing.assert_close(m["rollout_is_weight"], (w * iw).sum())
+    torch.testing.assert_close(m["rollout_is_capped"], torch.tensor(0.5))
+    torch.testing.assert_close(m["rollout_kl"], (w * (rollout - logp.detach())).sum())
+    plain_logp = logp.detach().clone().requires_grad_()
+    plain, _ = policy_loss(plain_logp, logp.detach(), adv, w)
+    same_logp = logp.detach().clone().requires_grad_()
+    same, ms = policy_loss(same_logp, logp.detach(), adv, w, rollout_logp=logp.detach())
+    plain.backward()
+    same.backward()
+    torch.testing.assert_close(same, plain)
+    torch.testing.assert_close(same_logp.grad, plain_logp.grad)
+    assert ms["rollout_is_capped"] == 0 and ms["rollout_is_weight"] == pytest.approx(1.0)

@@ -281,3 +281,27 @@ def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
     if setup._MALLOPT is not None:  # glibc: the call is accepted; then back to glibc's largest default threshold
         assert setup.limit_heap_fragmentation(256) is True
         assert setup.limit_heap_fragmentation(32 * 1024) is True
+
+
+def test_bf16_rollout_of_fp32_training_is_importance_corrected():
+    """rollout_dtype='bfloat16' with fp32 training: the loss weighs tokens by min(p_fp32 / p_bf16, cap) (metrics
+    near 1, a small KL), which changes the gradient against no correction on the same rollouts; rollouts in the
+    training dtype record nothing."""
+    def history(**kw):
+        t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, args=cfg(seed=5, max_steps=1, **kw),
+                          reward_func=lambda a, b: [float(sum(map(ord, a[0] + b[0])) % 7)])
+        return t.train()["history"][-1]
+
+    m = history(rollout_dtype="bfloat16")
+    for i in range(2):
+        assert 0.8 < m[f"agent/{i}/policy/rollout_is_weight"] < 1.25
+        assert 0 <= m[f"agent/{i}/policy/rollout_is_capped"] < 0.2
+        assert abs(m[f"agent/{i}/policy/rollout_kl"]) < 0.05
+    plain, same_dtype = history(rollout_dtype="bfloat16", rollout_correction=None), history(rollout_dtype="float32")
+    for h in (plain, same_dtype):
+        assert not any("rollout_is" in k for k in h)
+    assert plain["reward/mean"] == m["reward/mean"]  # same rollouts
+    for i in range(2):  # Adam's first step is ~lr * sign(g): compare the gradients, not the weights
+        assert 0 < m[f"agent/{i}/policy/grad_norm"] != plain[f"agent/{i}/policy/grad_norm"]
+    with pytest.raises(Exception, match="rollout_correction"):
+        cfg(rollout_correction="ppo")

@@ -168,7 +168,7 @@ class MultiAgentTrainer:
         a = self.args
         if train:
             return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length,
-                                      a.fast_generation, a.concurrent_rollout)
+                                      a.fast_generation, a.concurrent_rollout, logprobs=self.corrects_rollout)
         return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k,
                                   a.max_prompt_length, a.fast_generation, a.concurrent_rollout)
 
@@ -181,6 +181,14 @@ class MultiAgentTrainer:
         """Compute dtype of generation: ``args.rollout_dtype`` when set, else the training forward's."""
         name = self.args.rollout_dtype
         return getattr(torch, name) if name else self.autocast_dtype
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """Whether the loss reweights tokens by p_train / p_rollout (``rollout_correction``): only when the rollout
+        computes in another dtype than the training forward (None: the model's own)."""
+        roll, train = self.rollout_dtype, self.autocast_dtype
+        own = {next(a.model.parameters()).dtype for a in self.agents}
+        return self.args.rollout_correction is not None and any((roll or d) != (train or d) for d in own)
 
     # ------------------------------------------------------------------ data
     def _batches(self) -> Iterator[tuple[list[dict], list[int]]]:
@@ -366,8 +374,8 @@ class MultiAgentTrainer:
                 tensors = self._chunk_tensors(batches[b][0], sl)
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
                     logp = completion_logprobs(agent.model, *tensors)
-                self._chunk_loss(agent, logp, tensors, batches[b][1][sl], weights[b][sl], cache, (b, lo), iteration,
-                                 sums).backward()
+                self._chunk_loss(agent, logp, tensors, batches[b][1][sl], weights[b][sl],
+                                 self._rollout_logp(batches[b][0], sl), cache, (b, lo), iteration, sums).backward()
             return sums
 
     def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
@@ -385,7 +393,8 @@ class MultiAgentTrainer:
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
                     logps = team_completion_logprobs(model, [a.adapter for a in group], parts)
                 total = sum(self._chunk_loss(a, logp, tensors, data[a.index][0][b][1][sl], data[a.index][1][b][sl],
-                                             data[a.index][2], (b, lo), iteration, sums[a.index])
+                                             self._rollout_logp(data[a.index][0][b][0], sl), data[a.index][2], (b, lo),
+                                             iteration, sums[a.index])
                             for a, logp, tensors in zip(group, logps, parts))
                 total.backward()
         return sums
@@ -402,15 +411,24 @@ class MultiAgentTrainer:
         return [x[sl].to(self.device) for x in (samples.prompt_ids, samples.prompt_mask, samples.completion_ids,
                                                  samples.completion_mask)]
 
+    def _rollout_logp(self, samples: Any, sl: slice) -> torch.Tensor | None:
+        """The chunk's rollout log-probs when the loss corrects for the rollout's policy (``rollout_correction``)."""
+        if not self.corrects_rollout:
+            return None
+        if samples.rollout_logprobs is None:
+            raise RuntimeError("rollout_correction is on but the rollout recorded no log-probs")
+        return samples.rollout_logprobs[sl].to(self.device)
+
     def _chunk_loss(self, agent: Agent, logp: torch.Tensor, tensors: list[torch.Tensor], adv: torch.Tensor,
-                    weights: torch.Tensor, cache: dict, key: tuple[int, int], iteration: int,
-                    sums: dict[str, float]) -> torch.Tensor:
-        """An agent's policy loss on one chunk (its metrics added to ``sums``)."""
+                    weights: torch.Tensor, rollout_logp: torch.Tensor | None, cache: dict, key: tuple[int, int],
+                    iteration: int, sums: dict[str, float]) -> torch.Tensor:
+        """An agent's policy loss on one chunk (its metrics added to ``sums``); ``rollout_logp``: the log-probs the
+        tokens were sampled with, when they are corrected for (see :func:`comlrl.losses.policy_loss`)."""
         if iteration == 0:  # parameters are still those that sampled: old log-probs are free
             cache[key] = logp.detach()
         ref = self._ref_logprobs(agent, tensors, cache, key)
         loss, m = policy_loss(logp, cache[key], adv.to(self.device), weights.to(self.device), self.args.epsilon, ref,
-                              self.args.beta)
+                              self.args.beta, rollout_logp, self.args.rollout_is_cap)
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         return loss

@@ -178,8 +178,7 @@ def own_width(s: Samples) -> Samples:
     first = int((s.prompt_mask.sum(dim=0) > 0).float().argmax()) if s.prompt_mask.any() else s.prompt_mask.shape[1] - 1
     used = (s.completion_mask.sum(dim=0) > 0).nonzero()
     last = int(used.max()) + 1 if len(used) else 1
-    return Samples(s.prompt_ids[:, first:], s.prompt_mask[:, first:], s.completion_ids[:, :last],
-                   s.completion_mask[:, :last], s.texts, s.truncated)
+    return s.select(slice(None), slice(first, None), slice(None, last))
 
 
 def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -> Node:
