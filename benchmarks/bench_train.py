@@ -17,7 +17,8 @@ the PyPI reference library (comlrl 1.4.3, full fine-tune fp32) on the same confi
     python benchmarks/bench_train.py --variants reference,full2,lora2   # ratios against the reference, same run
     python benchmarks/bench_train.py --variants reference,full2,lora2 --repeats 2   # in turn twice, medians
 
-MFU is measured against the fp32 matmul peak for fp32 variants and the bf16 peak for bf16 variants.
+MFU is measured against the fp32 matmul peak for fp32 variants and the bf16 peak for bf16 variants, counting
+6 (LoRA: 4) x params x the tokens the packed loss pass runs (each prompt once, then its samples' completions).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ VARIANTS = {
     "full2_mb2": dict(agents=2, lora=False, bf16=False, forward_batch_size=2),
     "full2_gc": dict(agents=2, lora=False, bf16=False, gradient_checkpointing=True),
     "full2_bf16roll": dict(agents=2, lora=False, bf16=False, rollout_dtype="bfloat16"),
+    "full2_bf16roll_seq": dict(agents=2, lora=False, bf16=False, rollout_dtype="bfloat16", concurrent_rollout=False),
     "full2_bf16": dict(agents=2, lora=False, bf16=True),
     "full2_bf16_gc": dict(agents=2, lora=False, bf16=True, gradient_checkpointing=True),
     "lora2_fp32": dict(agents=2, lora=True, bf16=False),
@@ -91,8 +93,10 @@ def run_variant(name: str, steps: int) -> dict:
     keys = ["time/generate", "time/reward", "time/loss", "time/optimizer"]
     split = {k: sum(h.get(k, 0.0) for h in hist) / len(hist) for k in keys}
     tokens = sum(sum(h[f"agent/{i}/completion/mean_length"] * 4 for i in range(spec["agents"])) for h in hist)
-    # training-phase FLOPs: forward + backward ~ 6 * params * tokens through the loss forward (prompt + completion)
-    seq_tokens = sum((40 + h[f"agent/{i}/completion/mean_length"]) * 4 for h in hist for i in range(spec["agents"]))
+    # training-phase FLOPs: forward + backward ~ 6 * params * tokens through the loss forward. The 4 samples of a
+    # prompt run as one packed sequence (rollout.shared_prompt_layout): the ~40 prompt tokens once, then each
+    # completion -- the FLOPs the loss pass really runs, not 4 x (prompt + completion)
+    seq_tokens = sum(40 + h[f"agent/{i}/completion/mean_length"] * 4 for h in hist for i in range(spec["agents"]))
     flops = (6 if not spec["lora"] else 4) * n_params * seq_tokens  # LoRA: no weight gradients for the base
     return {
         "variant": name, "steps": len(hist), "sec_per_step": total / len(hist),
