@@ -88,7 +88,7 @@ def stop_early_model():
 def test_row_seeded_samples_do_not_depend_on_the_batch():
     model, tok = stop_early_model(), tiny_tokenizer()
     prompts = ["Hi", "A much longer prompt here.", "Mid-size prompt"]
-    settings = GenerationSettings(max_new_tokens=8, temperature=0.9, top_k=50)
+    settings = GenerationSettings(max_new_tokens=8, temperature=0.9, top_k=50, logprobs=True)
     g = 2
     seeds = [derive_seed(7, k) for k in range(len(prompts) * g)]
     full = generate(model, tok, prompts, g, settings, row_seeds=seeds)
@@ -101,6 +101,7 @@ def test_row_seeded_samples_do_not_depend_on_the_batch():
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
         assert torch.equal(getattr(joined, name), getattr(full, name)), name
     assert joined.texts == full.texts
+    torch.testing.assert_close(joined.rollout_logprobs, full.rollout_logprobs, atol=1e-5, rtol=0)  # re-padded too
     other = generate(model, tok, prompts, g, settings, row_seeds=[s + 1 for s in seeds])
     assert other.texts != full.texts
 
