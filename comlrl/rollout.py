@@ -47,7 +47,7 @@ class Samples:
         logp = None if self.rollout_logprobs is None else self.rollout_logprobs[rows, completion_cols]
         return Samples(self.prompt_ids[rows, prompt_cols], self.prompt_mask[rows, prompt_cols],
                        self.completion_ids[rows, completion_cols], self.completion_mask[rows, completion_cols],
-                       self.texts[rows], self.truncated[rows], logp)
+                       self.texts[rows], None if self.truncated is None else self.truncated[rows], logp)
 
 
 @dataclass
