@@ -154,8 +154,9 @@ def policy_loss(
     }
     if rollout_logp is not None:
         raw = torch.exp(old_logp - rollout_logp).detach()
-        per_token = per_token * raw.clamp(max=is_cap)
-        metrics["rollout_is_weight"] = (raw.clamp(max=is_cap) * weights).sum()
+        is_weight = raw.clamp(max=is_cap)
+        per_token = per_token * is_weight
+        metrics["rollout_is_weight"] = (is_weight * weights).sum()
         metrics["rollout_is_capped"] = ((raw > is_cap).float() * weights).sum()
         metrics["rollout_kl"] = ((rollout_logp - old_logp) * weights).sum().detach()  # KL(rollout || train), k1
     metrics["pg_loss"] = (per_token * weights).sum().detach()
