@@ -7,7 +7,8 @@ micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollo
 bf16 autocast + bf16 rollouts (also with gradient checkpointing); LoRA r=16 on one shared base for 2 agents (fp32 and bf16) and 4 agents (bf16),
 and the bf16 LoRA teams with one routed loss pass for the whole team instead of one per agent (``*_team``).
 Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the same run as the tokens/s
-baseline. Each variant runs in its own process so that peak RSS is its own. The pseudo-variant ``reference`` runs
+baseline; for the bf16 LoRA teams also plain ``generate`` of the very model they roll out (bf16 base, one adapter per
+agent, rows routed by ``adapter_names``: "vs same-model generate"; for full fine-tunes that column is the fp32 model). Each variant runs in its own process so that peak RSS is its own. The pseudo-variant ``reference`` runs
 the PyPI reference library (comlrl 1.4.3, full fine-tune fp32) on the same config through bench_reference.py in
 .venv-ref (``bash scripts/setup_reference.sh``); it runs first, and each variant's speed is also given against it.
 
@@ -107,14 +108,28 @@ def run_variant(name: str, steps: int) -> dict:
     }
 
 
-def run_generate(batch: int, rounds: int = 3) -> dict:
-    """Plain ``model.generate`` (fp32, temperature 1, top_p 1, KV cache) at the rollout batch of a variant:
-    generated tokens (up to EOS) per second, the baseline the rollout path is compared with."""
+def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
+    """Plain ``model.generate`` (temperature 1, top_p 1, KV cache) at the rollout batch of a variant: generated tokens
+    (up to EOS) per second, the baseline the rollout path is compared with. Default: the fp32 model. ``lora_agents``:
+    the same model a bf16 LoRA team rolls out -- the bf16 base with one r=16 adapter per agent, each agent's rows
+    routed to its adapter by ``generate(adapter_names=...)`` (PEFT's mixed-batch generate)."""
     from comlrl.models import load_model, load_tokenizer
     from comlrl.rollout import completion_mask, eos_ids, format_prompt, left_pad
 
     model, tok = load_model("embedded").eval(), load_tokenizer("embedded")
     stop = eos_ids(model, tok)
+    extra = {}
+    if lora_agents:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+        model = get_peft_model(model.to(torch.bfloat16), config, adapter_name="agent_0").eval()
+        for i in range(1, lora_agents):
+            model.add_adapter(f"agent_{i}", config)
+        for name, p in model.named_parameters():  # adapters in fp32 on the bf16 base, as the trainer keeps them
+            if "lora_" in name:
+                p.data = p.data.float()
+        extra["adapter_names"] = [f"agent_{i}" for i in range(lora_agents) for _ in range(batch // lora_agents)]
     tokens, seconds = 0, 0.0
     for r, row in enumerate(prompts()[:rounds]):
         ids, mask = left_pad([format_prompt(tok, row["prompt"], False)] * batch, tok.pad_token_id)
@@ -122,10 +137,11 @@ def run_generate(batch: int, rounds: int = 3) -> dict:
         start = time.perf_counter()
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=64, do_sample=True, temperature=1.0,
-                                 top_p=1.0, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=stop, use_cache=True)
+                                 top_p=1.0, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=stop, use_cache=True,
+                                 **extra)
         seconds += time.perf_counter() - start
         tokens += int(completion_mask(out[:, ids.shape[1]:], stop)[0].sum())
-    return {"variant": f"generate_b{batch}", "tokens_per_s": tokens / seconds,
+    return {"variant": f"generate_b{batch}" + (f"_lora{lora_agents}" if lora_agents else ""), "tokens_per_s": tokens / seconds,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
@@ -143,6 +159,8 @@ def main() -> None:
     parser.add_argument("--variants", help="comma-separated variants to run, 'reference' among them (default: all, "
                         "with the reference first when .venv-ref exists)")
     parser.add_argument("--generate-batch", type=int, help="(internal) measure plain generate at this batch")
+    parser.add_argument("--generate-lora", type=int, default=0,
+                        help="(internal) with --generate-batch: on a bf16 base with this many routed LoRA adapters")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole list this many times in turn (the VM's speed drifts); medians at the end")
@@ -150,7 +168,7 @@ def main() -> None:
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     if ns.generate_batch:
-        print(json.dumps(run_generate(ns.generate_batch)))
+        print(json.dumps(run_generate(ns.generate_batch, lora_agents=ns.generate_lora)))
         return
     if ns.variant:
         print(json.dumps(run_variant(ns.variant, ns.steps)))
@@ -172,8 +190,17 @@ def main() -> None:
     for b, r in plain.items():
         if r:
             print(f"plain generate fp32, batch {b:2d}: {r['tokens_per_s']:.1f} tok/s")
-    head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | MFU | peak RSS GB "
-            "| bf16 peak before |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    # the same model as a bf16 LoRA team's rollout: its bf16 base and adapters through PEFT's mixed-batch generate
+    teams = sorted({VARIANTS[n]["agents"] for n in names if VARIANTS.get(n, {}).get("lora") and VARIANTS[n]["bf16"]})
+    same = {a: _subprocess(["--generate-batch", str(4 * a), "--generate-lora", str(a), "--threads", str(ns.threads)])
+            for a in teams}
+    for a, r in same.items():
+        if r:
+            print(f"plain generate, bf16 base + {a} LoRA adapters (adapter_names), batch {4 * a:2d}: "
+                  f"{r['tokens_per_s']:.1f} tok/s")
+    head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | vs same-model "
+            "generate | MFU | peak RSS GB | bf16 peak before |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "---:|")
     print(head)
     results: dict[str, list[dict]] = {}
     for _ in range(ns.repeats):
@@ -187,11 +214,13 @@ def main() -> None:
             base = plain.get(4 * (spec["agents"] if spec["lora"] else 1))
             tok_s, gflops = r.get("rollout_tokens_per_s"), r.get("train_gflops_per_s")
             ratio = f"{tok_s / base['tokens_per_s']:.2f}x" if base and tok_s else "-"
+            own = same.get(spec["agents"]) if spec["lora"] and spec["bf16"] else base  # full FT: the fp32 model
+            same_ratio = f"{tok_s / own['tokens_per_s']:.2f}x" if own and tok_s else "-"
             mfu = f"{gflops / (peak_bf16 if spec['bf16'] else peak):.1%}" if gflops else "-"
             cell = lambda key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731
             print(f"| {name} | {r['sec_per_step']:.2f} | {cell('sec_generate', '.2f')} | {cell('sec_reward', '.3f')} "
                   f"| {cell('sec_loss', '.2f')} | {cell('sec_optimizer', '.2f')} | {cell('rollout_tokens_per_s', '.1f')} "
-                  f"| {ratio} | {mfu} | {r['peak_rss_gb']:.2f} | {phase:.0f} |", flush=True)
+                  f"| {ratio} | {same_ratio} | {mfu} | {r['peak_rss_gb']:.2f} | {phase:.0f} |", flush=True)
     median = {name: statistics.median(r["sec_per_step"] for r in rs) for name, rs in results.items()}
     for name, sec in median.items():
         if "reference" in median and name != "reference":
