@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .lean import rms_norm_values
 from .models import model_device, unwrap_peft
 
 # Decoder-layer layouts _LlamaDecoder reproduces exactly: pre-norm RMSNorm, q/k/v/o projections (optional bias),
@@ -678,13 +679,6 @@ def _harmless_hooks(module: nn.Module) -> bool:
     return all(getattr(h, "__name__", "") == "make_inputs_require_grads" for h in hooks)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm, op for op (fp32 statistics, cast back before the weight) so results match bitwise."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 class _LlamaDecoder:
     """Llama-layout forward over a weight snapshot and a static KV cache; the whole batch advances in lockstep."""
 
@@ -779,11 +773,11 @@ class _LlamaDecoder:
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (N, S, 1, D)
         for i, w in enumerate(self.layers):
-            x = x + self._attention(i, w, _rms_norm(x, w.ln1, w.ln1_eps), cos, sin, bias, start, rows)
-            h = _linears(_rms_norm(x, w.ln2, w.ln2_eps), w.gate_up)  # (N, S, 2I)
+            x = x + self._attention(i, w, rms_norm_values(x, w.ln1, w.ln1_eps), cos, sin, bias, start, rows)
+            h = _linears(rms_norm_values(x, w.ln2, w.ln2_eps), w.gate_up)  # (N, S, 2I)
             gate, up = h.chunk(2, dim=-1)
             x = x + _linears(w.act(gate) * up, w.down)
-        x = _rms_norm(x[:, -1], self.norm_w, self.norm_eps)  # (N, H)
+        x = rms_norm_values(x[:, -1], self.norm_w, self.norm_eps)  # (N, H)
         return _linears(x, self.lm_head).float()  # (N, V)
 
     def _attention(

@@ -33,13 +33,25 @@ def _stats(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def _inverse_rms(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x in fp32 or wider, 1 / rms(x) over the last dim)."""
+    xf = _stats(x)
+    return xf, torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_norm_values(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm's values, op for op (fp32 statistics, cast back before the weight, so results match it
+    bitwise); no autograd bookkeeping of its own."""
+    xf, rstd = _inverse_rms(x, eps)
+    return weight * (xf * rstd).to(x.dtype)
+
+
 class _RMSNorm(torch.autograd.Function):
     """weight * (x / rms(x)).to(x.dtype), statistics in fp32; saves x and 1/rms."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = _stats(x)
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        xf, rstd = _inverse_rms(x, eps)
         ctx.save_for_backward(x, weight, rstd)
         return weight * (xf * rstd).to(x.dtype)
 

@@ -5,7 +5,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.llama import modeling_llama
 
-from comlrl.lean import _SwiGLU, _SwiGLULinear, apply_rotary, lean_layers, rms_norm
+from comlrl.lean import _SwiGLU, _SwiGLULinear, apply_rotary, lean_layers, rms_norm, rms_norm_values
 from tiny import tiny_model
 
 
@@ -77,6 +77,20 @@ def test_lean_functions_gradcheck():
     assert torch.autograd.gradcheck(lambda *a: _SwiGLULinear.apply(*a, torch.float64), (g, u, wd, bd))
     torch.testing.assert_close(_SwiGLULinear.apply(g, u, wd, bd, torch.float64),
                                torch.nn.functional.linear(torch.nn.functional.silu(g) * u, wd, bd))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_values_and_function_match_hf_bitwise(dtype):
+    """The decode path's RMSNorm (rms_norm_values) and the training Function give HF LlamaRMSNorm's exact values."""
+    torch.manual_seed(0)
+    norm = modeling_llama.LlamaRMSNorm(48, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48))
+    x = (torch.randn(3, 5, 48) * 7).to(dtype)
+    want = norm(x)
+    assert torch.equal(rms_norm_values(x, norm.weight, norm.variance_epsilon), want)
+    assert torch.equal(rms_norm(x, norm.weight, norm.variance_epsilon), want)
+    assert not torch.equal(rms_norm_values(x, norm.weight, 1e-1), want)  # eps is honoured
 
 
 def _saved_bytes(model, ids, lean: bool) -> int:
