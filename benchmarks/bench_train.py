@@ -8,7 +8,8 @@ bf16 autocast + bf16 rollouts (also with gradient checkpointing); LoRA r=16 on o
 and the bf16 LoRA teams with one routed loss pass for the whole team instead of one per agent (``*_team``).
 Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the same run as the tokens/s
 baseline; for the bf16 LoRA teams also plain ``generate`` of the very model they roll out (bf16 base, one adapter per
-agent, rows routed by ``adapter_names``: "vs same-model generate"; for full fine-tunes that column is the fp32 model). Each variant runs in its own process so that peak RSS is its own. The pseudo-variant ``reference`` runs
+agent, rows routed by ``adapter_names``: "vs same-model generate"; for full fine-tunes that column is the fp32 model).
+Each variant runs in its own process so that peak RSS is its own. The pseudo-variant ``reference`` runs
 the PyPI reference library (comlrl 1.4.3, full fine-tune fp32) on the same config through bench_reference.py in
 .venv-ref (``bash scripts/setup_reference.sh``); it runs first, and each variant's speed is also given against it.
 
@@ -141,7 +142,8 @@ def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
                                  **extra)
         seconds += time.perf_counter() - start
         tokens += int(completion_mask(out[:, ids.shape[1]:], stop)[0].sum())
-    return {"variant": f"generate_b{batch}" + (f"_lora{lora_agents}" if lora_agents else ""), "tokens_per_s": tokens / seconds,
+    name = f"generate_b{batch}" + (f"_lora{lora_agents}" if lora_agents else "")
+    return {"variant": name, "tokens_per_s": tokens / seconds,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
