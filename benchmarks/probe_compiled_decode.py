@@ -7,9 +7,11 @@ style). The step returns them, and one eager ``index_copy_`` per step writes all
 turned in-graph cache writes (``index_copy_`` or index assignment) into ~30-40 ms of copies per step
 (benchmarks/README). Printed: compile time, steady-state ms per step of the compiled and eager step, and the largest
 logit difference of each against the model's own forward, and our eager
-fastgen step (oneDNN-packed weights) at the same batch for comparison.
+fastgen step (oneDNN-packed weights) at the same batch for comparison. ``--lora N``: N adapters on the base,
+each block of rows routed through its own (fastgen's stacked factors as graph inputs), checked against PEFT's
+``adapter_names`` forward and timed against fastgen's routed decode.
 
-    python benchmarks/probe_compiled_decode.py [--steps 48] [--threads 2]
+    python benchmarks/probe_compiled_decode.py [--steps 48] [--threads 2] [--lora 2]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comlrl import fastgen
 from comlrl.fastgen import fast_generate
 from comlrl.models import load_model
 
@@ -47,16 +50,29 @@ class DecodeStep(nn.Module):
         self.ln2 = nn.ParameterList(frozen(l.post_attention_layernorm.weight) for l in layers)
         self.norm, self.head = frozen(inner.norm.weight), frozen(base.lm_head.weight)
 
+    @staticmethod
+    def _linear(h: torch.Tensor, weight: torch.Tensor, lora: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """F.linear plus, with ``lora`` = (A (n, in, R), B (n, R, out)) fp32, each block of rows' own adapter delta
+        (rows in n equal blocks, one per adapter), added in fp32 and rounded once, as fastgen's routed decode does."""
+        y = F.linear(h, weight)
+        if not lora:
+            return y
+        a, b = lora
+        xs = h.reshape(a.shape[0], -1, h.shape[-1]).float()  # (n, rows*S, in)
+        return (y.float() + torch.bmm(torch.bmm(xs, a), b).view(y.shape)).to(y.dtype)
+
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x.float()
         return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
-    def forward(self, tokens, cos, sin, bias, k_cache, v_cache):
+    def forward(self, tokens, cos, sin, bias, k_cache, v_cache, *lora):
+        """``lora``: empty, or per layer the (A, B) pairs of qkv, o, gate_up, down (8 tensors per layer)."""
         b, nq, nkv, d = self.batch, self.n_q, self.n_kv, self.d
+        part = lambda i, j: lora[8 * i + 2 * j : 8 * i + 2 * j + 2] if lora else ()  # noqa: E731
         x = F.embedding(tokens[:, None], self.embed)  # (B, 1, H)
         new_k, new_v = [], []
         for i in range(len(self.qkv)):
-            qkv = F.linear(self._rms(x, self.ln1[i]), self.qkv[i]).view(b, 1, nq + 2 * nkv, d)
+            qkv = self._linear(self._rms(x, self.ln1[i]), self.qkv[i], part(i, 0)).view(b, 1, nq + 2 * nkv, d)
             qk = qkv[:, :, : nq + nkv]
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
             q = qk[:, 0, :nq].reshape(b, nkv, nq // nkv, d).float()  # (B, Hkv, rep, D)
@@ -69,9 +85,9 @@ class DecodeStep(nn.Module):
             m = torch.maximum(s_cache.amax(-1, keepdim=True), s_new)
             p_cache, p_new = (s_cache - m).exp(), (s_new - m).exp()
             att = (p_cache @ v_cache[i].float() + p_new * v.float()) / (p_cache.sum(-1, keepdim=True) + p_new)
-            x = x + F.linear(att.to(x.dtype).reshape(b, 1, nq * d), self.o[i])
-            gate, up = F.linear(self._rms(x, self.ln2[i]), self.gate_up[i]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, self.down[i])
+            x = x + self._linear(att.to(x.dtype).reshape(b, 1, nq * d), self.o[i], part(i, 1))
+            gate, up = self._linear(self._rms(x, self.ln2[i]), self.gate_up[i], part(i, 2)).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, self.down[i], part(i, 3))
         return F.linear(self._rms(x[:, -1], self.norm), self.head).float(), torch.stack(new_k), torch.stack(new_v)
 
 
@@ -79,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lora", type=int, default=0, help="LoRA adapters (r=16, all-linear), rows routed in blocks")
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     import torch._inductor.config as inductor_config
@@ -92,9 +109,28 @@ def main() -> None:
     torch.manual_seed(0)
     ids = torch.randint(0, base.config.vocab_size, (batch, 40))
     prompt = ids.shape[1] - 1
+    model, extra, lora = base, {}, ()
+    if ns.lora:  # a LoRA team on the frozen base: each block of rows through its own adapter (PEFT adapter_names)
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", init_lora_weights=False)
+        model = get_peft_model(base, config, adapter_name="agent_0").eval()
+        for i in range(1, ns.lora):
+            model.add_adapter(f"agent_{i}", config)
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.float()
+        extra["adapter_names"] = [f"agent_{i}" for i in range(ns.lora) for _ in range(batch // ns.lora)]
+        routing = fastgen._Routing(extra["adapter_names"], ids.device)
+        for layer in base.model.layers:  # fastgen's own stacked factors of each (fused) projection
+            attn, mlp = layer.self_attn, layer.mlp
+            for mods in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj],
+                         [mlp.down_proj]):
+                stacked = fastgen._stacked_lora(mods, routing)
+                lora += (stacked.a_blocks, stacked.b_blocks)
     with torch.no_grad():
-        out = base(input_ids=ids[:, :prompt], use_cache=True)
-        want = base(input_ids=ids, use_cache=False).logits[:, -1].float()  # (B, V)
+        out = model(input_ids=ids[:, :prompt], use_cache=True, **extra)
+        want = model(input_ids=ids, use_cache=False, **extra).logits[:, -1].float()  # (B, V)
         cos, sin = base.model.rotary_emb(torch.zeros(1, dtype=torch.bfloat16), torch.full((batch, 1), prompt))
     cache = getattr(out, "cache", None) or out.past_key_values
     shape = (len(step.qkv), batch, step.n_kv, length, step.d)
@@ -112,7 +148,7 @@ def main() -> None:
         return bias
 
     def run(fn, t: int):
-        logits, k, v = fn(tokens, cos, sin, key_bias(t), k_cache, v_cache)
+        logits, k, v = fn(tokens, cos, sin, key_bias(t), k_cache, v_cache, *lora)
         if t:  # t = 0 is the real next token: keep the prompt's cache intact for the checks
             k_cache.index_copy_(3, torch.tensor([prompt + t]), k)  # one eager write per step, all layers at once
             v_cache.index_copy_(3, torch.tensor([prompt + t]), v)
@@ -137,7 +173,11 @@ def main() -> None:
                   f"{want.abs().max():.3g}), greedy tokens equal {bool((logits.argmax(-1) == want.argmax(-1)).all())}")
         base.requires_grad_(False)  # a frozen base: fastgen keeps its packed copy between calls, as for a LoRA team
         mask = torch.ones_like(ids)
-        fast = lambda n: fast_generate(base, ids, mask, max_new_tokens=n, eos_token_ids=[], pad_token_id=0)  # noqa: E731
+
+        def fast(n: int) -> torch.Tensor:
+            return fast_generate(model, ids, mask, max_new_tokens=n, eos_token_ids=[], pad_token_id=0,
+                                 dtype=torch.bfloat16, **extra)
+
         fast(2)
         for _ in range(3):
             start = time.perf_counter()
