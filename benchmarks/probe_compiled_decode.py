@@ -30,7 +30,8 @@ from comlrl.models import load_model
 
 
 class DecodeStep(nn.Module):
-    """One decode step: tokens (B,) at cache slot ``pos`` -> (logits (B, V) fp32, new keys, new values (L, B, Hkv, 1, D))."""
+    """One decode step: tokens (B,) -> (logits (B, V) fp32, the token's keys and values (L, B, Hkv, 1, D)); the
+    cache is only read (``bias`` masks its unwritten slots)."""
 
     def __init__(self, base: nn.Module, batch: int) -> None:
         super().__init__()
@@ -44,7 +45,8 @@ class DecodeStep(nn.Module):
         self.qkv = nn.ParameterList(frozen(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight,
                                                       l.self_attn.v_proj.weight])) for l in layers)
         self.o = nn.ParameterList(frozen(l.self_attn.o_proj.weight) for l in layers)
-        self.gate_up = nn.ParameterList(frozen(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])) for l in layers)
+        self.gate_up = nn.ParameterList(frozen(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]))
+                                        for l in layers)
         self.down = nn.ParameterList(frozen(l.mlp.down_proj.weight) for l in layers)
         self.ln1 = nn.ParameterList(frozen(l.input_layernorm.weight) for l in layers)
         self.ln2 = nn.ParameterList(frozen(l.post_attention_layernorm.weight) for l in layers)
