@@ -121,16 +121,16 @@ def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
     stop = eos_ids(model, tok)
     extra = {}
     if lora_agents:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
+
+        from comlrl.team import adapter_parameters, build_lora_team
 
         config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
-        model = get_peft_model(model.to(torch.bfloat16), config, adapter_name="agent_0").eval()
-        for i in range(1, lora_agents):
-            model.add_adapter(f"agent_{i}", config)
-        for name, p in model.named_parameters():  # adapters in fp32 on the bf16 base, as the trainer keeps them
-            if "lora_" in name:
-                p.data = p.data.float()
-        extra["adapter_names"] = [f"agent_{i}" for i in range(lora_agents) for _ in range(batch // lora_agents)]
+        team = build_lora_team([model.to(torch.bfloat16)] * lora_agents, [0] * lora_agents, config)  # one shared base
+        model = team[0][0].eval()
+        for _, name in team:
+            adapter_parameters(model, name)  # adapters in fp32 on the bf16 base, as the trainer keeps them
+        extra["adapter_names"] = [name for _, name in team for _ in range(batch // lora_agents)]
     tokens, seconds = 0, 0.0
     for r, row in enumerate(prompts()[:rounds]):
         ids, mask = left_pad([format_prompt(tok, row["prompt"], False)] * batch, tok.pad_token_id)

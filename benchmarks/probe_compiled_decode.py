@@ -26,7 +26,9 @@ from torch import nn
 
 from comlrl import fastgen
 from comlrl.fastgen import fast_generate
+from comlrl.lean import rms_norm_values
 from comlrl.models import load_model
+from comlrl.team import adapter_parameters, build_lora_team
 
 
 class DecodeStep(nn.Module):
@@ -63,10 +65,6 @@ class DecodeStep(nn.Module):
         xs = h.reshape(a.shape[0], -1, h.shape[-1]).float()  # (n, rows*S, in)
         return (y.float() + torch.bmm(torch.bmm(xs, a), b).view(y.shape)).to(y.dtype)
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
     def forward(self, tokens, cos, sin, bias, k_cache, v_cache, *lora):
         """``lora``: empty, or per layer the (A, B) pairs of qkv, o, gate_up, down (8 tensors per layer)."""
         b, nq, nkv, d = self.batch, self.n_q, self.n_kv, self.d
@@ -74,7 +72,7 @@ class DecodeStep(nn.Module):
         x = F.embedding(tokens[:, None], self.embed)  # (B, 1, H)
         new_k, new_v = [], []
         for i in range(len(self.qkv)):
-            qkv = self._linear(self._rms(x, self.ln1[i]), self.qkv[i], part(i, 0)).view(b, 1, nq + 2 * nkv, d)
+            qkv = self._linear(rms_norm_values(x, self.ln1[i], self.eps), self.qkv[i], part(i, 0)).view(b, 1, nq + 2 * nkv, d)
             qk = qkv[:, :, : nq + nkv]
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
             q = qk[:, 0, :nq].reshape(b, nkv, nq // nkv, d).float()  # (B, Hkv, rep, D)
@@ -88,9 +86,9 @@ class DecodeStep(nn.Module):
             p_cache, p_new = (s_cache - m).exp(), (s_new - m).exp()
             att = (p_cache @ v_cache[i].float() + p_new * v.float()) / (p_cache.sum(-1, keepdim=True) + p_new)
             x = x + self._linear(att.to(x.dtype).reshape(b, 1, nq * d), self.o[i], part(i, 1))
-            gate, up = self._linear(self._rms(x, self.ln2[i]), self.gate_up[i], part(i, 2)).chunk(2, dim=-1)
+            gate, up = self._linear(rms_norm_values(x, self.ln2[i], self.eps), self.gate_up[i], part(i, 2)).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, self.down[i], part(i, 3))
-        return F.linear(self._rms(x[:, -1], self.norm), self.head).float(), torch.stack(new_k), torch.stack(new_v)
+        return F.linear(rms_norm_values(x[:, -1], self.norm, self.eps), self.head).float(), torch.stack(new_k), torch.stack(new_v)
 
 
 def main() -> None:
@@ -113,16 +111,14 @@ def main() -> None:
     prompt = ids.shape[1] - 1
     model, extra, lora = base, {}, ()
     if ns.lora:  # a LoRA team on the frozen base: each block of rows through its own adapter (PEFT adapter_names)
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
 
         config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", init_lora_weights=False)
-        model = get_peft_model(base, config, adapter_name="agent_0").eval()
-        for i in range(1, ns.lora):
-            model.add_adapter(f"agent_{i}", config)
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.data = p.data.float()
-        extra["adapter_names"] = [f"agent_{i}" for i in range(ns.lora) for _ in range(batch // ns.lora)]
+        team = build_lora_team([base] * ns.lora, [0] * ns.lora, config)  # the trainer's builder: one shared base
+        model = team[0][0].eval()
+        for _, name in team:
+            adapter_parameters(model, name)  # adapters in fp32, as the trainer keeps them
+        extra["adapter_names"] = [name for _, name in team for _ in range(batch // ns.lora)]
         routing = fastgen._Routing(extra["adapter_names"], ids.device)
         for layer in base.model.layers:  # fastgen's own stacked factors of each (fused) projection
             attn, mlp = layer.self_attn, layer.mlp

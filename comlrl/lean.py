@@ -33,17 +33,17 @@ def _stats(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def _inverse_rms(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x in fp32 or wider, 1 / rms(x) over the last dim)."""
+def _rms_norm_and_rstd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(HF LlamaRMSNorm's output, 1 / rms(x) in fp32 or wider)."""
     xf = _stats(x)
-    return xf, torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (xf * rstd).to(x.dtype), rstd
 
 
 def rms_norm_values(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF LlamaRMSNorm's values, op for op (fp32 statistics, cast back before the weight, so results match it
     bitwise); no autograd bookkeeping of its own."""
-    xf, rstd = _inverse_rms(x, eps)
-    return weight * (xf * rstd).to(x.dtype)
+    return _rms_norm_and_rstd(x, weight, eps)[0]
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -51,9 +51,9 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf, rstd = _inverse_rms(x, eps)
+        out, rstd = _rms_norm_and_rstd(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return weight * (xf * rstd).to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
