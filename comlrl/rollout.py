@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from .attention import slot_attention, slot_layout
 from .fastgen import LLAMA_LAYOUTS, additive_mask, fast_generate, supports_fast_generate, window_exceeded
 from .losses import head_logprobs, token_logprobs
 from .models import is_checkpointing, model_device, unwrap_peft
@@ -318,8 +319,9 @@ def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: 
     gradient over its rows. ``names``/``slots``: each row's LoRA adapter (rows of different adapters never share).
     """
     config = getattr(decoder, "config", None)
+    blocked = _slot_attention_fits(decoder)
     layout = shared_prompt_layout(prompt_ids, prompt_mask, completion_ids, mask[:, prompt_ids.shape[1]:],
-                                  position_ids, config, slots) if config is not None else None
+                                  position_ids, config, slots, blocked) if config is not None else None
     if layout is None:
         with _routed(names, slots):
             hidden = decoder(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=mask,
@@ -331,9 +333,23 @@ def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: 
     if slots is not None:  # each packed row holds the rows of one adapter
         packed_slots = torch.empty(len(ids), dtype=slots.dtype, device=slots.device)
         packed_slots[gather[:, 0] // ids.shape[1]] = slots
-    with _routed(names, packed_slots):
+    p, c = prompt_ids.shape[1], completion_ids.shape[1]
+    blocks = contextlib.nullcontext()
+    if blocked:
+        blocks = slot_attention(decoder, slot_layout(bias, p, (ids.shape[1] - p) // c, c))
+    with _routed(names, packed_slots), blocks:
         hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=positions, use_cache=False).last_hidden_state
     return hidden.flatten(0, 1)[gather]  # (B, C, H)
+
+
+def _slot_attention_fits(decoder: nn.Module) -> bool:
+    """Whether a packed forward of ``decoder`` can run its attention by blocks (:mod:`comlrl.attention`) and compute
+    what the model's own would: eager / SDPA attention without dropout, and no activation checkpointing (its recompute
+    in backward runs outside the forward's context and must see the same attention)."""
+    config = getattr(decoder, "config", None)
+    return (getattr(config, "_attn_implementation", None) in ("eager", "sdpa")
+            and not getattr(config, "attention_dropout", 0) and not is_checkpointing(decoder)
+            and hasattr(decoder, "set_attn_implementation"))
 
 
 def team_completion_logprobs(model: nn.Module, adapters: list[str],
@@ -382,11 +398,12 @@ def _routed(names: list[str] | None, slots: torch.Tensor | None) -> contextlib.A
 
 def shared_prompt_layout(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-    position_ids: torch.Tensor, config: object, groups: torch.Tensor | None = None,
+    position_ids: torch.Tensor, config: object, groups: torch.Tensor | None = None, blocked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Pack rows that share a prompt into one sequence per distinct prompt, or None when that would not pay.
     ``groups`` (B,): rows of different groups never share a packed row (e.g. different LoRA adapters); packed rows
-    are ordered by group.
+    are ordered by group. ``blocked``: the forward will run its attention by blocks (:mod:`comlrl.attention`), each
+    slot over [prompt; slot] -- fewer score pairs than the separate rows, so packing always pays.
 
     Returns ``ids`` (U, L) = [prompt (P), completion slot 1 (C), ..., slot K (C)] with L = P + K C (K: the most rows
     of one prompt; unused slots are padding), ``positions`` (U, L) as the separate rows have them, ``allowed``
@@ -395,7 +412,7 @@ def shared_prompt_layout(
     ``gather`` (B, C): the index into the flattened (U L) positions of the state before each completion token.
 
     Packing trades (k - 1) P tokens through every weight for longer attention rows (L^2 against k (P + C)^2 score
-    pairs); it is used when the body's matmul FLOPs saved exceed the attention FLOPs added.
+    pairs, unless ``blocked``); it is used when the body's matmul FLOPs saved exceed the attention FLOPs added.
     """
     b, p = prompt_ids.shape
     c = completion_ids.shape[1]
@@ -419,7 +436,7 @@ def shared_prompt_layout(
     per_pair = 4 * hidden * layers  # scores + weighted values
     saved = (b - u) * p * per_token
     added = (u * length * length - b * (p + c) ** 2) * per_pair
-    if saved <= added:
+    if saved <= added and not blocked:
         return None
     # slot of each row within its prompt's group: rank among the rows with the same prompt, in row order
     order = torch.argsort(inverse, stable=True)  # rows grouped by prompt

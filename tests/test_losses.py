@@ -326,6 +326,8 @@ def test_packing_is_declined_when_it_would_not_pay():
     ones = lambda t: torch.ones_like(t)  # noqa: E731
     pos = torch.arange(204).repeat(16, 1)
     assert shared_prompt_layout(many, ones(many), long_ids, ones(long_ids), pos, config) is None
+    # ... unless attention runs by blocks (each slot over [prompt; slot]): then it always pays
+    assert shared_prompt_layout(many, ones(many), long_ids, ones(long_ids), pos, config, blocked=True) is not None
     # a sliding window shorter than the rows: the custom mask would drop it
     config.model_type, config.sliding_window = "mistral", 8
     assert shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, config) is None

@@ -1,0 +1,121 @@
+"""Attention over a packed shared-prompt row (:func:`comlrl.rollout.shared_prompt_layout`) by blocks.
+
+A packed row is [prompt (P), completion slot 1 (C), ..., slot K (C)]: a completion token attends to the prompt and to
+its own slot only. Eager or SDPA attention over the whole row computes (P + K C)^2 score pairs and masks most of them;
+here each slot attends to [prompt; own slot], K C (P + C) + P^2 pairs (~3x fewer for 4 samples of 64 tokens after a
+40-token prompt), with the same masked-softmax math. Masked pairs carry exactly zero probability in both, so the
+outputs agree up to summation order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IMPLEMENTATION = "comlrl_slots"  # the name under which transformers' AttentionInterface knows slot_attention
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where a packed row's blocks are, with their additive masks (0 / -inf) cut from the row's (U, 1, L, L) mask."""
+
+    prompt: int  # P
+    slots: int  # K
+    width: int  # C
+    prompt_bias: torch.Tensor  # (U, 1, P, P): prompt queries x prompt keys
+    slot_bias: torch.Tensor  # (U, 1, K, C, P + C): slot queries x [prompt keys; own slot keys]
+
+
+def slot_layout(bias: torch.Tensor, prompt: int, slots: int, width: int) -> SlotLayout:
+    """The blocks of a packed row's additive mask ``bias`` (U, 1, P + K C, P + K C) that slot attention reads.
+
+    Raises ValueError if the mask lets a token see anything outside those blocks (a prompt token a completion, or a
+    completion another slot): slot attention would silently drop it."""
+    p, k, c = prompt, slots, width
+    if bias.shape[-1] != p + k * c or bias.shape[-2] != p + k * c:
+        raise ValueError(f"mask of shape {tuple(bias.shape)} is not a packed row of {p} + {k} x {c} tokens")
+    rows = bias[:, :, p:].unflatten(2, (k, c))  # (U, 1, K, C, L)
+    own = torch.stack([rows[:, :, j, :, p + j * c : p + (j + 1) * c] for j in range(k)], dim=2)  # (U, 1, K, C, C)
+    seen = torch.isfinite(bias)
+    seen[:, :, :p, :p] = False
+    seen[:, :, p:, :p] = False
+    for j in range(k):
+        seen[:, :, p + j * c : p + (j + 1) * c, p + j * c : p + (j + 1) * c] = False
+    if bool(seen.any()):
+        raise ValueError("mask lets tokens attend outside the prompt and their own completion slot")
+    return SlotLayout(p, k, c, bias[:, :, :p, :p], torch.cat([rows[..., :p], own], dim=-1))
+
+
+def slot_attention_values(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: SlotLayout,
+                          scaling: float) -> torch.Tensor:
+    """softmax(q k^T * scaling + mask) v over a packed row, block by block; (U, Hq, L, D), (U, Hkv, L, D) x 2 ->
+    (U, L, Hq, D). Same op sequence per block as transformers' eager attention (scores in the input dtype, softmax in
+    fp32, probabilities cast back); query heads share key/value heads in groups (GQA) without repeating K/V."""
+    u, hq, length, d = query.shape
+    hkv = key.shape[1]
+    rep, p, k, c = hq // hkv, layout.prompt, layout.slots, layout.width
+    kp, vp = key[:, :, :p], value[:, :, :p]  # (U, Hkv, P, D)
+    # prompt queries x prompt keys, the rep query heads of a K/V head stacked as rows
+    qp = query[:, :, :p].reshape(u, hkv, rep * p, d)
+    scores = (qp @ kp.transpose(-1, -2)).view(u, hkv, rep, p, p) * scaling + layout.prompt_bias[:, :, None]
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out_p = (probs.view(u, hkv, rep * p, p) @ vp).view(u, hq, p, d)
+    # slot queries x [prompt keys; own slot keys], slots as a batch dim
+    qc = query[:, :, p:].reshape(u, hkv, rep, k, c, d).transpose(2, 3).reshape(u, hkv, k, rep * c, d)
+    keys = torch.cat([kp[:, :, None].expand(u, hkv, k, p, d), key[:, :, p:].view(u, hkv, k, c, d)], dim=3)
+    values = torch.cat([vp[:, :, None].expand(u, hkv, k, p, d), value[:, :, p:].view(u, hkv, k, c, d)], dim=3)
+    scores = (qc @ keys.transpose(-1, -2)).view(u, hkv, k, rep, c, p + c) * scaling + layout.slot_bias[:, :, :, None]
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out_c = (probs.view(u, hkv, k, rep * c, p + c) @ values).view(u, hkv, k, rep, c, d)
+    out_c = out_c.permute(0, 1, 3, 2, 4, 5).reshape(u, hq, k * c, d)
+    return torch.cat([out_p, out_c], dim=2).transpose(1, 2).contiguous()  # (U, L, Hq, D)
+
+
+_LAYOUT: ContextVar[SlotLayout | None] = ContextVar("comlrl_slot_layout", default=None)
+
+
+def _attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                       **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature around :func:`slot_attention_values` (inside :func:`slot_attention`
+    only)."""
+    layout = _LAYOUT.get()
+    if layout is None:
+        raise RuntimeError(f"attention implementation {IMPLEMENTATION!r} runs only inside "
+                           "comlrl.attention.slot_attention")
+    if dropout and module.training:
+        raise ValueError("slot attention has no attention dropout; set the model's attention_dropout to 0")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return slot_attention_values(query, key, value, layout, scale), None
+
+
+def _register() -> bool:
+    try:
+        from transformers import AttentionInterface
+    except ImportError:
+        return False
+    AttentionInterface.register(IMPLEMENTATION, _attention_forward)
+    return True
+
+
+@contextlib.contextmanager
+def slot_attention(model: nn.Module, layout: SlotLayout) -> Iterator[None]:
+    """Run the block's forwards of ``model`` (a transformers model with eager / SDPA attention) with slot attention
+    over ``layout``'s packed rows; the model's attention implementation is restored after."""
+    config = getattr(model, "config", None)
+    previous = getattr(config, "_attn_implementation", None)
+    if previous not in ("eager", "sdpa") or not hasattr(model, "set_attn_implementation") or not _register():
+        raise ValueError(f"slot attention needs a transformers model with eager or sdpa attention, got {previous!r}")
+    token = _LAYOUT.set(layout)
+    model.set_attn_implementation(IMPLEMENTATION)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+        _LAYOUT.reset(token)
