@@ -90,6 +90,12 @@ class TrainConfig:
         "freed, so freed activations do not stay resident. A 2-agent SmolLM2-135M fp32 full fine-tune at 256: peak "
         "RSS 4.47 -> 4.05 GB, but the loss pass ~40% slower (page faults). None: leave malloc's settings alone."
     )
+    release_memory: bool | None = _help(
+        None, "CPU, glibc: hand the heap pages freed by the rollout and by the update back to the OS before the next "
+        "phase (lower peak RSS, more page faults). None: for full fine-tunes (2 x SmolLM2-135M fp32 with bf16 rollouts: "
+        "peak RSS 4.99 -> 4.56 GB, time unchanged), not for LoRA teams, whose phases reuse the freed pages (without: "
+        "+0.03 GB, a step 4-7% faster)."
+    )
     share_base: bool = _help(
         True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
     )

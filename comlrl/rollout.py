@@ -283,7 +283,7 @@ def completion_logprobs(
     Logits are computed for real completion tokens only, never the prompt's or padding: for models whose logits are
     a plain output projection of the decoder's last hidden state (Llama-layout), through
     :func:`comlrl.losses.head_logprobs` (logits kept in the matmul dtype up to 64 MB, recomputed in backward beyond
-    that; fp32 softmax temporaries ~32 MB at a time); otherwise through the model's own head on the last C+1
+    that; fp32 softmax temporaries ~16 MB at a time); otherwise through the model's own head on the last C+1
     positions (``logits_to_keep``).
     """
     ids = torch.cat([prompt_ids, completion_ids], dim=1)

@@ -238,3 +238,26 @@ def test_routed_forward_refuses_a_layer_it_cannot_compute():
     parts = [(ids, mask, ids, mask)] * 2
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="cannot route"):
         team_completion_logprobs(model, ["agent_0", "agent_1"], parts)
+
+
+def test_freed_memory_is_released_between_phases_for_full_fine_tunes_only(monkeypatch):
+    """release_memory=None trims the heap twice per update for a full fine-tune and never for a LoRA team; an explicit
+    value overrides either."""
+    from comlrl.trainers import base
+
+    calls = []
+    monkeypatch.setattr(base, "release_freed_memory", lambda: calls.append(1))
+
+    def count(peft, **kw):
+        calls.clear()
+        settings = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=4, max_steps=2,
+                        learning_rate=1e-2, logging_steps=0, disable_tqdm=True, **kw)
+        MAGRPOTrainer(model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS,
+                      reward_func=lambda a, b: [float(len(b[0]) - len(a[0]))], args=MAGRPOConfig(**settings),
+                      peft_config=lora() if peft else None).train()
+        return len(calls)
+
+    assert count(peft=False) == 4  # 2 updates
+    assert count(peft=True) == 0
+    assert count(peft=True, release_memory=True) == 4
+    assert count(peft=False, release_memory=False) == 0
