@@ -344,10 +344,11 @@ def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: 
 
 def _slot_attention_fits(decoder: nn.Module) -> bool:
     """Whether a packed forward of ``decoder`` can run its attention by blocks (:mod:`comlrl.attention`) and compute
-    what the model's own would: eager / SDPA attention without dropout, and no activation checkpointing (its recompute
-    in backward runs outside the forward's context and must see the same attention)."""
+    what the model's own would: eager attention (as in bf16 CPU training, :func:`training_attention`) without dropout,
+    and no activation checkpointing (its recompute in backward runs outside the forward's context and must see the same
+    attention)."""
     config = getattr(decoder, "config", None)
-    return (getattr(config, "_attn_implementation", None) in ("eager", "sdpa")
+    return (getattr(config, "_attn_implementation", None) == "eager"
             and not getattr(config, "attention_dropout", 0) and not is_checkpointing(decoder)
             and hasattr(decoder, "set_attn_implementation"))
 

@@ -53,7 +53,7 @@ def test_slot_attention_matches_masked_attention_over_the_packed_row(dtype):
         out = fn()
         grads = torch.autograd.grad((out * weights).sum(), [q, *kv])
         results.append((out, *grads))
-    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for ours, theirs in zip(*results):
         torch.testing.assert_close(ours, theirs, **tol)
     assert results[0][0].shape == (u, length, hq, d)
@@ -71,33 +71,40 @@ def test_slot_layout_refuses_a_mask_that_crosses_slots():
         attention.slot_layout(additive_mask(allowed, torch.float32), 3, 3, 4)
 
 
-def test_packed_forward_runs_slot_attention_and_restores_the_implementation(monkeypatch):
-    """completion_logprobs on rows sharing a prompt goes through slot attention (the same log-probs as the separate
-    rows) and leaves the model's attention implementation as it was; the function refuses to run outside."""
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packed_forward_runs_slot_attention_and_restores_the_implementation(attn, monkeypatch):
+    """completion_logprobs on rows sharing a prompt goes through slot attention when the model attends eagerly (the
+    same log-probs as the separate rows), keeps SDPA's own kernel otherwise, and leaves the model's attention
+    implementation as it was; the function refuses to run outside."""
     from test_losses import _grouped_batch
 
     model = tiny_model(seed=6, hidden=64)
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(attn)
     calls = []
     original = attention.slot_attention_values
     monkeypatch.setattr(attention, "slot_attention_values", lambda *a: calls.append(1) or original(*a))
     tensors = _grouped_batch()
     packed = rollout.completion_logprobs(model, *tensors)
-    assert len(calls) == model.config.num_hidden_layers
-    assert model.config._attn_implementation == "eager"
+    layers = model.config.num_hidden_layers if attn == "eager" else 0
+    assert len(calls) == layers
+    assert model.config._attn_implementation == attn
     monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
     torch.testing.assert_close(packed, rollout.completion_logprobs(model, *tensors), atol=1e-5, rtol=1e-5)
-    assert len(calls) == model.config.num_hidden_layers  # separate rows: the model's own attention
+    assert len(calls) == layers  # separate rows: the model's own attention
     q = torch.zeros(1, 4, 3, 8)
     with pytest.raises(RuntimeError, match="only inside"):
         attention._attention_forward(model.model.layers[0].self_attn, q, q, q, None, 1.0)
 
 
-def test_slot_attention_is_left_out_under_activation_checkpointing():
+def test_slot_attention_is_left_out_under_activation_checkpointing_dropout_and_sdpa():
     model = tiny_model(seed=6, hidden=64)
+    model.set_attn_implementation("eager")
     assert rollout._slot_attention_fits(model.model)
     model.gradient_checkpointing_enable()
     assert not rollout._slot_attention_fits(model.model)
     model.gradient_checkpointing_disable()
     model.config.attention_dropout = 0.1
+    assert not rollout._slot_attention_fits(model.model)
+    model.config.attention_dropout = 0.0
+    model.set_attn_implementation("sdpa")
     assert not rollout._slot_attention_fits(model.model)
