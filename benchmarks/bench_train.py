@@ -5,7 +5,8 @@ max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: f
 config; its two models decode at once), the same with the models decoding one after the other (``full2_seq``), with loss
 micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollouts,
 bf16 autocast + bf16 rollouts (also with gradient checkpointing); LoRA r=16 on one shared base for 2 agents (fp32 and bf16) and 4 agents (bf16),
-and the bf16 LoRA teams with one routed loss pass for the whole team instead of one per agent (``*_team``).
+with the bf16 LoRA teams' loss passes routed for 2 agents at once (the default), one agent at a time (``*_solo``)
+or the whole team at once (``*_team``).
 Plain fp32 ``model.generate`` at each variant's rollout batch is measured in the same run as the tokens/s
 baseline; for the bf16 LoRA teams also plain ``generate`` of the very model they roll out (bf16 base, one adapter per
 agent, rows routed by ``adapter_names``: "vs same-model generate"; for full fine-tunes that column is the fp32 model).
@@ -50,7 +51,8 @@ VARIANTS = {
     "lora2_fp32": dict(agents=2, lora=True, bf16=False),
     "lora2": dict(agents=2, lora=True, bf16=True),
     "lora4": dict(agents=4, lora=True, bf16=True),
-    "lora2_team": dict(agents=2, lora=True, bf16=True, team_lora_forward=True),
+    "lora2_solo": dict(agents=2, lora=True, bf16=True, team_lora_forward=1),
+    "lora4_solo": dict(agents=4, lora=True, bf16=True, team_lora_forward=1),
     "lora4_team": dict(agents=4, lora=True, bf16=True, team_lora_forward=True),
 }
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
@@ -84,7 +86,7 @@ def run_variant(name: str, steps: int) -> dict:
                         bf16=spec["bf16"], forward_batch_size=spec.get("forward_batch_size"),
                         gradient_checkpointing=spec.get("gradient_checkpointing", False),
                         rollout_dtype=spec.get("rollout_dtype"), concurrent_rollout=spec.get("concurrent_rollout", True),
-                        team_lora_forward=spec.get("team_lora_forward", False))
+                        team_lora_forward=spec.get("team_lora_forward", 2))
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear") if spec["lora"] else None
     trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(),
                             reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100], args=args, peft_config=peft)

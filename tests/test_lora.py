@@ -214,7 +214,18 @@ def test_team_lora_forward_is_used_only_where_it_routes_exactly():
     t = trainer(bf16=True, team_lora_forward=True)
     assert t._update_groups() == [t.agents]
     assert [len(g) for g in trainer(bf16=False, team_lora_forward=True)._update_groups()] == [1, 1, 1]  # no autocast
-    assert [len(g) for g in trainer(bf16=True)._update_groups()] == [1, 1, 1]  # off by default
+    pairs = trainer(bf16=True)  # default: 2 agents per pass
+    assert [[a.index for a in g] for g in pairs._update_groups()] == [[0, 1], [2]]
+    for off in (False, 1):
+        assert [len(g) for g in trainer(bf16=True, team_lora_forward=off)._update_groups()] == [1, 1, 1]
+    assert [len(g) for g in trainer(bf16=True, team_lora_forward=3)._update_groups()] == [3]
+    import pytest
+
+    from comlrl.config import ConfigError
+
+    for bad in (0, -2, 1.5, "yes"):
+        with pytest.raises(ConfigError, match="team_lora_forward"):
+            MAGRPOConfig(team_lora_forward=bad)
     dropout = trainer(bf16=True, team_lora_forward=True)
     for m in dropout.agents[0].model.modules():
         if hasattr(m, "lora_dropout") and "agent_1" in m.lora_dropout:

@@ -350,16 +350,19 @@ class MultiAgentTrainer:
         return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
 
     def _update_groups(self) -> list[list[Agent]]:
-        """Agents whose losses run in one forward: with ``team_lora_forward``, a LoRA team on one base in bf16, routed
-        row by row (:func:`comlrl.rollout.team_completion_logprobs`); every other agent alone. In agent order."""
+        """Agents whose losses run in one forward: with ``team_lora_forward``, up to that many agents of a LoRA team on
+        one base in bf16, routed row by row (:func:`comlrl.rollout.team_completion_logprobs`); every other agent
+        alone. In agent order."""
+        size = self.args.team_lora_forward
+        size = (len(self.agents) if size else 1) if isinstance(size, bool) else size
         groups: dict[int, list[Agent]] = {}
         for a in self.agents:
-            joint = (a.adapter is not None and self.args.team_lora_forward and self.args.bf16 and self.dist is None)
+            joint = a.adapter is not None and size > 1 and self.args.bf16 and self.dist is None
             groups.setdefault(id(a.model) if joint else -1 - a.index, []).append(a)
         out = []
         for group in groups.values():
             if len(group) > 1 and can_route(group[0].model, [a.adapter for a in group]):
-                out.append(group)
+                out.extend(group[i : i + size] for i in range(0, len(group), size))
             else:
                 out.extend([a] for a in group)
         return sorted(out, key=lambda g: g[0].index)
