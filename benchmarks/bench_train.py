@@ -52,6 +52,7 @@ VARIANTS = {
     "lora2": dict(agents=2, lora=True, bf16=True),
     "lora4": dict(agents=4, lora=True, bf16=True),
     "lora2_solo": dict(agents=2, lora=True, bf16=True, team_lora_forward=1),
+    "lora2_keep": dict(agents=2, lora=True, bf16=True, release_memory=False),
     "lora4_solo": dict(agents=4, lora=True, bf16=True, team_lora_forward=1),
     "lora4_team": dict(agents=4, lora=True, bf16=True, team_lora_forward=True),
 }
@@ -86,7 +87,8 @@ def run_variant(name: str, steps: int) -> dict:
                         bf16=spec["bf16"], forward_batch_size=spec.get("forward_batch_size"),
                         gradient_checkpointing=spec.get("gradient_checkpointing", False),
                         rollout_dtype=spec.get("rollout_dtype"), concurrent_rollout=spec.get("concurrent_rollout", True),
-                        team_lora_forward=spec.get("team_lora_forward", 2))
+                        team_lora_forward=spec.get("team_lora_forward", 2),
+                        release_memory=spec.get("release_memory", True))
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear") if spec["lora"] else None
     trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(),
                             reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100], args=args, peft_config=peft)

@@ -125,7 +125,6 @@ class MultiAgentTrainer:
             a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
             if self.args.beta > 0 and a.adapter is None:
                 a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
-        self._release = self.args.release_memory if self.args.release_memory is not None else peft_config is None
         self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         self.history: list[dict] = []
         self._buffer: list[tuple[Episode, list[list[torch.Tensor]]]] = []
@@ -277,7 +276,7 @@ class MultiAgentTrainer:
         if len(self._buffer) == a.gradient_accumulation_steps:
             # the rollout's freed weight copies and KV cache (~0.3 GB for 2 fp32 agents) would stay resident under
             # the loss pass's peak
-            if self._release:
+            if self.args.release_memory:
                 release_freed_memory()
             start = time.perf_counter()
             metrics.update(self.optimize(self._buffer))
@@ -345,7 +344,7 @@ class MultiAgentTrainer:
         # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
         # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
         # 0.3-0.6 s of loss time per step, peak RSS unchanged)
-        if self._release:
+        if self.args.release_memory:
             release_freed_memory()
         return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
 
