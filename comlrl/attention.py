@@ -61,7 +61,7 @@ def slot_attention_values(query: torch.Tensor, key: torch.Tensor, value: torch.T
     """softmax(q k^T * scaling + mask) v over a packed row, block by block; (U, Hq, L, D), (U, Hkv, L, D) x 2 ->
     (U, L, Hq, D). Same op sequence per block as transformers' eager attention (scores in the input dtype, softmax in
     fp32, probabilities cast back); query heads share key/value heads in groups (GQA) without repeating K/V."""
-    u, hq, length, d = query.shape
+    u, hq, _, d = query.shape
     hkv = key.shape[1]
     rep, p, k, c = hq // hkv, layout.prompt, layout.slots, layout.width
     kp, vp = key[:, :, :p], value[:, :, :p]  # (U, Hkv, P, D)
