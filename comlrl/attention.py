@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers import AttentionInterface
 
 IMPLEMENTATION = "comlrl_slots"  # the name under which transformers' AttentionInterface knows slot_attention
 
@@ -99,13 +100,7 @@ def _attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor
     return slot_attention_values(query, key, value, layout, scale), None
 
 
-def _register() -> bool:
-    try:
-        from transformers import AttentionInterface
-    except ImportError:
-        return False
-    AttentionInterface.register(IMPLEMENTATION, _attention_forward)
-    return True
+AttentionInterface.register(IMPLEMENTATION, _attention_forward)
 
 
 @contextlib.contextmanager
@@ -114,7 +109,7 @@ def slot_attention(model: nn.Module, layout: SlotLayout) -> Iterator[None]:
     ``layout``'s packed rows; the model's attention implementation is restored after."""
     config = getattr(model, "config", None)
     previous = getattr(config, "_attn_implementation", None)
-    if previous != "eager" or not hasattr(model, "set_attn_implementation") or not _register():
+    if previous != "eager" or not hasattr(model, "set_attn_implementation"):
         raise ValueError(f"slot attention needs a transformers model with eager attention, got {previous!r}")
     token = _LAYOUT.set(layout)
     model.set_attn_implementation(IMPLEMENTATION)
