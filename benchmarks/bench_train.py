@@ -76,7 +76,7 @@ def prompts(n: int = 8) -> list[dict]:
     return [{"prompt": "Summarize: " + r["prompt"][:150]} for r in rows]
 
 
-def run_variant(name: str, steps: int) -> dict:
+def run_variant(name: str, steps: int, n_prompts: int = 8) -> dict:
     from peft import LoraConfig
 
     from comlrl.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer
@@ -90,7 +90,7 @@ def run_variant(name: str, steps: int) -> dict:
                         team_lora_forward=spec.get("team_lora_forward", 2),
                         release_memory=spec.get("release_memory", True))
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear") if spec["lora"] else None
-    trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(),
+    trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(n_prompts),
                             reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100], args=args, peft_config=peft)
     n_params = sum(p.numel() for n, p in trainer.agents[0].model.named_parameters() if "lora_" not in n)
     start = time.perf_counter()
@@ -171,13 +171,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole list this many times in turn (the VM's speed drifts); medians at the end")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=8,
+                        help="distinct prompts (<= 100) our variants cycle through; more than 8 with as many --steps "
+                             "shows how resident memory grows over a run of new prompt and completion lengths")
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     if ns.generate_batch:
         print(json.dumps(run_generate(ns.generate_batch, lora_agents=ns.generate_lora)))
         return
     if ns.variant:
-        print(json.dumps(run_variant(ns.variant, ns.steps)))
+        print(json.dumps(run_variant(ns.variant, ns.steps, ns.prompts)))
         return
     peak, peak_bf16 = matmul_peak(), matmul_peak(torch.bfloat16)
     print(f"machine: {torch.get_num_threads()} threads, matmul peak fp32 {peak:.0f} / bf16 {peak_bf16:.0f} GFLOP/s")
@@ -212,7 +215,7 @@ def main() -> None:
     for _ in range(ns.repeats):
         for name in names:
             phase = matmul_peak(torch.bfloat16)  # the machine's speed right before this variant (it drifts)
-            r = _run_named(name, ns.steps, ns.threads)
+            r = _run_named(name, ns.steps, ns.threads, ns.prompts)
             if r is None:
                 continue
             results.setdefault(name, []).append(r)
@@ -234,7 +237,7 @@ def main() -> None:
                   f"({median['reference']:.2f} s/step); peak RSS {max(r['peak_rss_gb'] for r in results[name]):.2f} GB")
 
 
-def _run_named(name: str, steps: int, threads: int) -> dict | None:
+def _run_named(name: str, steps: int, threads: int, n_prompts: int = 8) -> dict | None:
     """One variant (or the reference library) in its own process."""
     common = ["--steps", str(steps), "--threads", str(threads)]
     if name == "reference":  # the PyPI library in its own venv, on our converted model folder
@@ -242,7 +245,7 @@ def _run_named(name: str, steps: int, threads: int) -> dict | None:
 
         return _subprocess(["--model", str(embedded_model_dir()), *common], str(REFERENCE_PYTHON),
                            str(Path(__file__).with_name("bench_reference.py")))
-    return _subprocess(["--variant", name, *common])
+    return _subprocess(["--variant", name, "--prompts", str(n_prompts), *common])
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .lean import rms_norm_values
+from .shapes import pad_tokens
 from .models import model_device, unwrap_peft
 
 # Decoder-layer layouts _LlamaDecoder reproduces exactly: pre-norm RMSNorm, q/k/v/o projections (optional bias),
@@ -125,9 +126,12 @@ def fast_generate(
     """
     device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    batch, prompt_len = input_ids.shape
+    batch = input_ids.shape[0]
     if adapter_names is not None and len(adapter_names) != batch:
         raise ValueError(f"adapter_names has {len(adapter_names)} names for {batch} rows")
+    # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.shapes)
+    input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
+    prompt_len = input_ids.shape[1]
     if max_new_tokens <= 0:
         ids = torch.empty((batch, 0), dtype=torch.long, device=device)
         return (ids, torch.empty((batch, 0), device=device)) if logprobs else ids

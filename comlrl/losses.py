@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .shapes import pad_rows
+
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log p(labels) from logits: (B, C, V), (B, C) -> (B, C), without storing a full log-softmax."""
@@ -102,7 +104,9 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     # 16 MB, not 32: glibc serves blocks near its 32 MB mmap-threshold ceiling from fresh pages, and faulting them in
     # made each chunk temporary ~10x slower (SmolLM2, V=49k: 170-row chunks 32 ms a subtraction, 160-row 3.7 ms).
     chunk = chunk or max(1, (16 << 20) // (4 * weight.shape[0]))
-    return _HeadLogprobs.apply(hidden, weight, bias, labels, dtype, chunk, keep_bytes)
+    n = hidden.shape[0]  # rows in a few buckets: every new matmul shape costs a cached CPU kernel (comlrl.shapes)
+    out = _HeadLogprobs.apply(pad_rows(hidden), weight, bias, pad_rows(labels), dtype, chunk, keep_bytes)
+    return out[:n]
 
 
 def loss_weights(masks: list[torch.Tensor], loss_type: str) -> list[torch.Tensor]:

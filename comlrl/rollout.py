@@ -22,6 +22,7 @@ from .losses import head_logprobs, token_logprobs
 from .models import is_checkpointing, model_device, unwrap_peft
 from .sampling import RowSeededSampler
 from .lean import lean_layers
+from .shapes import pad_tokens
 from .team import fused_lora_forward, routed_adapters
 
 
@@ -286,6 +287,10 @@ def completion_logprobs(
     that; fp32 softmax temporaries ~16 MB at a time); otherwise through the model's own head on the last C+1
     positions (``logits_to_keep``).
     """
+    width = completion_ids.shape[1]
+    # lengths in a few buckets: every new matmul shape costs a cached CPU kernel (comlrl.shapes)
+    prompt_ids, prompt_mask = pad_tokens(prompt_ids, prompt_mask, left=True)
+    completion_ids, completion_mask = pad_tokens(completion_ids, completion_mask, left=False)
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     # Left padding shifts positions; rebuild them from the mask exactly as generate() does.
@@ -295,7 +300,7 @@ def completion_logprobs(
     with training_forward(model):
         if parts is None:
             with _routed(names, slots):
-                return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)
+                return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)[:, :width]
         decoder, head = parts
         states = _states_before_completion(model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids,
                                            names, slots)
@@ -305,7 +310,7 @@ def completion_logprobs(
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else head.weight.dtype
     logp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=states.device)  # (B, C)
     logp[real] = head_logprobs(states, head.weight, head.bias, completion_ids[real], dtype=dtype).float()
-    return logp
+    return logp[:, :width]
 
 
 def _states_before_completion(model: nn.Module, decoder: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
