@@ -415,3 +415,21 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
     plain = generate(model, tok, ["ab", "hello there"], 3, GenerationSettings(max_new_tokens=12, temperature=0.7,
                      top_k=50, fast=fast), autocast_dtype=dtype, row_seeds=list(range(6)))
     assert plain.rollout_logprobs is None and torch.equal(plain.completion_ids, s.completion_ids)
+
+
+def test_fp32_decode_reads_wide_projections_in_place():
+    """fp32: q/k/v, o and gate/up run on the model's own weight tensors (no copy); the down projection and the output
+    layer run on packed copies where oneDNN can pack; the prefill's logits are the model's own."""
+    model = tiny_qwen2()  # q/k/v biases too
+    ids, mask = left_pad([[1, 5, 6, 7], [1, 20]], 0)
+    decoder = _LlamaDecoder(model, batch=2, max_len=16, dtype=None)
+    weights, layer = decoder.layers[0], model.model.layers[0]
+    assert all(p.weight_first for p in weights.qkv + weights.o + weights.gate_up)
+    attn = layer.self_attn
+    own = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj]
+    assert all(p.weight is m.weight for p, m in zip(weights.qkv + weights.o + weights.gate_up, own))
+    if fastgen._can_prepack(torch.float32, torch.device("cpu")):
+        assert weights.down[0].packed is not None and decoder.lm_head[0].packed is not None
+    logits = decoder.prefill(ids, mask)
+    ref = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -1]
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
