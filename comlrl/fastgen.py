@@ -129,12 +129,12 @@ def fast_generate(
     batch = input_ids.shape[0]
     if adapter_names is not None and len(adapter_names) != batch:
         raise ValueError(f"adapter_names has {len(adapter_names)} names for {batch} rows")
-    # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.shapes)
-    input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
-    prompt_len = input_ids.shape[1]
     if max_new_tokens <= 0:
         ids = torch.empty((batch, 0), dtype=torch.long, device=device)
         return (ids, torch.empty((batch, 0), device=device)) if logprobs else ids
+    # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.shapes)
+    input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
+    prompt_len = input_ids.shape[1]
     decoder = _make_decoder(model, batch, prompt_len + max_new_tokens, dtype, backend, adapter_names)
     # The generic path runs the model's forward: eval mode (no dropout) for the call. The Llama path only reads
     # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).

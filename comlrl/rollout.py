@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -368,10 +367,9 @@ def team_completion_logprobs(model: nn.Module, adapters: list[str],
     """
     width_p = max(p[0].shape[1] for p in parts)
     width_c = max(p[2].shape[1] for p in parts)
-    left = lambda t, w: F.pad(t, (w - t.shape[1], 0))  # noqa: E731 (prompts stay left-padded)
-    right = lambda t, w: F.pad(t, (0, w - t.shape[1]))  # noqa: E731
-    stacked = [torch.cat([left(p[0], width_p) for p in parts]), torch.cat([left(p[1], width_p) for p in parts]),
-               torch.cat([right(p[2], width_c) for p in parts]), torch.cat([right(p[3], width_c) for p in parts])]
+    prompts = [pad_tokens(p[0], p[1], left=True, width=width_p) for p in parts]  # already bucketed widths
+    completions = [pad_tokens(p[2], p[3], left=False, width=width_c) for p in parts]
+    stacked = [torch.cat(column) for column in (*zip(*prompts), *zip(*completions))]
     rows = [name for name, p in zip(adapters, parts) for _ in range(len(p[0]))]
     logp = completion_logprobs(model, *stacked, row_adapters=rows)
     out, lo = [], 0
