@@ -38,9 +38,10 @@ from typing import Any
 import datasets
 
 from ..errors import ComlrlError
+from ..pyast import parse_quiet
 from .base import Env, Formatter, TeamReward, register, summarize_scores
 from .code import run_sandboxed
-from .codeclean import clean_code, compiles, is_stub, normalize_text, parse_quiet, split_chunks, strip_fences
+from .codeclean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
 from .feedback import MAX_FAILURES, TRANSITION_MODES, revision_prompt
 from .loaders import load_rows
 

@@ -25,7 +25,7 @@ import textwrap
 from dataclasses import dataclass
 
 from ..errors import ComlrlError
-from .codeclean import parse_quiet
+from ..pyast import parse_quiet
 
 _CHECK_NAME = "check"
 _BUILTINS = frozenset(dir(builtins))

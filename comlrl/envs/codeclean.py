@@ -28,6 +28,8 @@ import textwrap
 import warnings
 from dataclasses import dataclass, field
 
+from ..pyast import parse_quiet
+
 _FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+#.-]*)")
 _NON_PYTHON_FENCES = {"bash", "sh", "shell", "console", "text", "txt", "output", "json", "plaintext", "none", "diff"}
 _DEF_LINE = re.compile(r"^(async\s+def|def)\s+([A-Za-z_]\w*)\s*\(")
@@ -139,16 +141,6 @@ def split_chunks(text: str) -> list[str]:
         elif line.strip():
             chunks.append([line])  # indented text before any top-level line
     return ["\n".join(c).rstrip() for c in chunks if any(ln.strip() for ln in c)]
-
-
-def parse_quiet(source: str) -> ast.Module | None:
-    """``ast.parse(source)``, or None when it does not parse; SyntaxWarnings (bad escapes) are silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return None
 
 
 _parses = parse_quiet

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..pyast import parse_quiet
 from ._isolation import current_isolation, nproc_limit, warn_network_once
 from ._process import RawRun, execute
 from ._types import TEST_STATUSES, SandboxLimits, SandboxResult, TestOutcome
@@ -35,9 +36,8 @@ def static_test_count(tests: list[str] | str, kind: str) -> int:
     """Number of tests requested, found without running anything."""
     if kind == "asserts":
         return 1 if isinstance(tests, str) else len(tests)
-    try:
-        tree = ast.parse(tests)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = parse_quiet(tests)
+    if tree is None:
         return 0
     return sum(
         isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")
