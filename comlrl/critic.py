@@ -12,6 +12,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .rollout import left_pad, training_forward
+from .shapes import pad_tokens
 
 
 class ValueModel(nn.Module):
@@ -47,11 +48,13 @@ class ValueModel(nn.Module):
 
 
 def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (ids, mask) for critic inputs, keeping the last ``max_length`` tokens."""
+    """Left-padded (ids, mask) for critic inputs, keeping the last ``max_length`` tokens; the width is a multiple of
+    :data:`comlrl.shapes.TOKENS` (masked padding, see :mod:`comlrl.shapes`)."""
     seqs = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
     if max_length:
         seqs = [s[-max_length:] for s in seqs]
-    return left_pad(seqs, tokenizer.pad_token_id)
+    ids, mask = left_pad(seqs, tokenizer.pad_token_id)
+    return pad_tokens(ids, mask, left=True, pad_id=tokenizer.pad_token_id)
 
 
 def joint_state_text(prompts: list[str]) -> str:

@@ -94,3 +94,23 @@ def test_fast_generate_prefills_a_bucketed_prompt_and_still_matches_generate(mon
                          top_p=None, top_k=None, pad_token_id=0, eos_token_id=[2])[:, ids.shape[1]:]
     assert widths == [TOKENS]
     assert torch.equal(out, ref)
+
+
+def test_critic_inputs_come_in_bucketed_widths_with_the_same_values():
+    from tiny import tiny_tokenizer
+
+    from comlrl.critic import ValueModel, encode_texts
+
+    tok = tiny_tokenizer()
+    texts = ["a short state", "a somewhat longer state for the critic to read", "x"]
+    ids, mask = encode_texts(tok, texts)
+    seqs = [tok(t)["input_ids"] for t in texts]
+    assert ids.shape[1] % TOKENS == 0 and ids.shape[1] > max(map(len, seqs))
+    assert mask.sum(dim=1).tolist() == [len(s) for s in seqs]
+    critic = ValueModel(tiny_model(seed=3)).eval()
+    with torch.no_grad():
+        bucketed = critic(ids, mask)
+        plain = critic(*left_pad(seqs, tok.pad_token_id))
+    torch.testing.assert_close(bucketed, plain, rtol=1e-5, atol=1e-5)
+    assert ids[:, -1].ne(tok.pad_token_id).all()  # the value is read at a real last token
+    assert encode_texts(tok, texts, max_length=3)[0].shape[1] == TOKENS
