@@ -271,7 +271,8 @@ class MAGRPOConfig(PolicyConfig):
     no std scaling, so the four baselines give different updates.
     """
 
-    joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample.")
+    joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample "
+                                     "(multi-turn: a child node per joint action).")
     advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
     scale_rewards: str = _help("none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}.")
 
@@ -290,11 +291,6 @@ class MAGRPOConfig(PolicyConfig):
             raise ConfigError(
                 f"{name}.num_generations={self.num_generations}: the '{self.advantage_mode}' baseline needs a "
                 "group of at least 2 samples; raise num_generations or use advantage_mode='none'."
-            )
-        if self.joint_mode == "cross" and self.num_turns > 1:
-            raise ConfigError(
-                f"{name}: joint_mode='cross' with num_turns > 1 would expand G^N children per node; "
-                "use joint_mode='align' for multi-turn training."
             )
 
 

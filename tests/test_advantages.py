@@ -89,3 +89,19 @@ def test_tree_returns_terminated_branch_keeps_reward():
     r1 = torch.tensor([[10.0, 20.0]])  # only joint action 1 expanded
     ret = tree_returns([r0, r1], [torch.tensor([[-1, 0]]), torch.full((1, 2), -1)], discount=1.0)
     torch.testing.assert_close(ret[0], torch.tensor([[3.0, 16.0]]))
+
+
+def test_cross_mode_multi_turn_credits_each_sample_with_its_joint_actions_tree_returns():
+    """G=2, N=2, two turns: each of the root's 4 joint actions has a child node with 4 joint actions of its own."""
+    from comlrl.trainers.episode import Episode, Turn, episode_advantages
+
+    r0 = torch.tensor([[1.0, 2.0, 3.0, 4.0]])  # joint actions (0,0), (0,1), (1,0), (1,1)
+    r1 = torch.tensor([[0.0] * 4, [4.0] * 4, [0.0, 2.0, 0.0, 2.0], [8.0] * 4])  # child means 0, 4, 1, 8
+    turns = [Turn([], [], r0, torch.tensor([[0, 1, 2, 3]])), Turn([], [], r1, torch.full((4, 4), -1))]
+    adv = episode_advantages(Episode(turns), 2, 2, joint_mode="cross", mode="mean", discount=0.5)
+    # turn-0 returns 1 + 0, 2 + 2, 3 + 0.5, 4 + 4 = [[1, 4], [3.5, 8]] by (agent 0 sample, agent 1 sample)
+    torch.testing.assert_close(adv[0][0], torch.tensor([-1.625, 1.625]))  # agent 0: credits 2.5, 5.75
+    torch.testing.assert_close(adv[1][0], torch.tensor([-1.875, 1.875]))  # agent 1: credits 2.25, 6
+    # turn 1: only node 2 separates agent 1's samples (rewards [[0, 2], [0, 2]]); agent 0's are tied everywhere
+    torch.testing.assert_close(adv[0][1], torch.zeros(8))
+    torch.testing.assert_close(adv[1][1], torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, 1.0, 0.0, 0.0]))

@@ -195,6 +195,29 @@ def test_cross_mode_scores_every_combination():
     assert len(calls) == 9  # G^N = 3^2 joint actions for one prompt
 
 
+def test_cross_mode_multi_turn_expands_every_joint_action():
+    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS,
+                      reward_func=lambda a, b: [float(len(a[0]) - len(b[0]))],
+                      external_transition=lambda agent_completions: [f"Revise: {c}" for c in agent_completions],
+                      args=cfg(per_device_train_batch_size=2, num_generations=2, joint_mode="cross", num_turns=2,
+                               max_steps=1))
+    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    first, second = ep.turns
+    assert first.rewards.shape == (2, 4) and first.children.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert second.rewards.shape == (8, 4) and len(second.samples[0].texts) == 16
+    combos = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for m in range(2):
+        for k, combo in enumerate(combos):  # the child of a joint action continues from exactly that joint action
+            child = second.nodes[m * 4 + k]
+            answers = [first.samples[i].texts[m * 2 + combo[i]] for i in range(2)]
+            assert [h[-1] for h in child.response_history] == answers
+            assert child.prompts == [f"Revise: {a}" for a in answers]
+    adv = t.compute_advantages(ep, {})
+    assert [[a.shape[0] for a in per_agent] for per_agent in adv] == [[4, 16], [4, 16]]
+    t.train()
+    assert "reward/turn_2/mean" in t.history[-1]
+
+
 def test_evaluate_greedy_by_default_and_sampling_when_asked():
     t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, eval_dataset=ROWS,
                       reward_func=length_reward, args=cfg(max_new_tokens=12))

@@ -1,9 +1,10 @@
 """One episode of team play: the multi-turn rollout tree, team rewards, and per-agent advantages.
 
 Turn t has M_t nodes; at each node every agent samples G completions. Joint action g of a node is
-the g-th sample of every agent (align) or, single-turn only, every combination (cross, G^N).
+the g-th sample of every agent (align) or every combination (cross, J = G^N joint actions).
 Each joint action's reward comes from reward_func; through external_transition it gets a child node
-at turn t+1 (unless the episode ends or early termination stops the branch).
+at turn t+1 (unless the episode ends or early termination stops the branch). In cross mode a node thus has
+G^N children: turn t holds (G^N)^t nodes per dataset row.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Turn:
     nodes: list[Node]
     samples: list[Samples]  # per agent, rows = node * G + g
     rewards: torch.Tensor  # (M, J), J = G (align) or G^N (cross)
-    children: torch.Tensor  # (M, G) child node index at the next turn, -1 if none
+    children: torch.Tensor  # (M, J) child node index of each joint action at the next turn, -1 if none
     levels: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -129,15 +130,15 @@ def score_turn(nodes: list[Node], samples: list[Samples], t: int, reward_func: C
                                    turn=t + 1, processor=reward_processor)
     rewards = torch.tensor(flat, dtype=torch.float32).view(len(nodes), len(combos))
     timings = {"reward": time.perf_counter() - start, "transition": 0.0}
-    children = torch.full((len(nodes), g), -1, dtype=torch.long)
+    children = torch.full((len(nodes), len(combos)), -1, dtype=torch.long)
     next_nodes: list[Node] = []
     if t + 1 < num_turns:
         start = time.perf_counter()
         for m, nd in enumerate(nodes):
-            for k in range(g):
+            for k, c in enumerate(combos):
                 if termination_threshold is not None and rewards[m, k] >= termination_threshold:
                     continue
-                answers = [samples[i].texts[m * g + k] for i in range(n)]
+                answers = [samples[i].texts[m * g + c[i]] for i in range(n)]
                 children[m, k] = len(next_nodes)
                 next_nodes.append(transition(external_transition, nd, answers, t + 1))
         timings["transition"] = time.perf_counter() - start
@@ -210,10 +211,10 @@ def episode_advantages(
 ) -> list[list[torch.Tensor]]:
     """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples."""
     rewards = [t.rewards if reward_clip is None else t.rewards.clamp(-reward_clip, reward_clip) for t in episode.turns]
-    if joint_mode == "cross":
-        m = rewards[0].shape[0]
-        joint = rewards[0].view(m, *([num_generations] * num_agents))  # (M, G, ..., G)
-        return [[compute_advantages(cross_credit(joint, i), mode, scale).reshape(-1)] for i in range(num_agents)]
-    returns = tree_returns(rewards, [t.children for t in episode.turns], discount)
+    returns = tree_returns(rewards, [t.children for t in episode.turns], discount)  # (M_t, J) per turn
+    if joint_mode == "cross":  # each sample's credit: the mean return of the G^(N-1) joint actions that contain it
+        joint = [r.view(r.shape[0], *([num_generations] * num_agents)) for r in returns]  # (M_t, G, ..., G)
+        return [[compute_advantages(cross_credit(j, i), mode, scale).reshape(-1) for j in joint]
+                for i in range(num_agents)]
     per_turn = [compute_advantages(r, mode, scale).reshape(-1) for r in returns]
     return [per_turn for _ in range(num_agents)]
