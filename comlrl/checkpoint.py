@@ -75,7 +75,7 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
                        tmp / agent.name / "training_state.pt")
         _sync_tree(tmp)
         if getattr(trainer, "critics", None):
-            torch.save([_critic_state(c) for c in trainer.critics], tmp / "critics.pt")
+            torch.save([_critic_state(c) for c in sorted(trainer.critics, key=lambda c: c.index)], tmp / "critics.pt")
             _fsync_file(tmp / "critics.pt")
         torch.save(rng, tmp / "rng_state.pt")
         _fsync_file(tmp / "rng_state.pt")
@@ -270,13 +270,14 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
         states = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
         agent.optimizer.load_state_dict(states["optimizer"])
         agent.scheduler.load_state_dict(states["scheduler"])
-    critics = getattr(trainer, "critics", None) or []
-    if critics or (path / "critics.pt").is_file():
+    critics = getattr(trainer, "critics", None) or []  # under torchrun: the critics on this rank
+    expected = getattr(trainer, "num_critics", 0)
+    if expected or (path / "critics.pt").is_file():
         saved = torch.load(path / "critics.pt", map_location="cpu", weights_only=False) if (path / "critics.pt").is_file() else []
-        if len(saved) != len(critics):
-            raise CheckpointError(f"checkpoint {path} has {len(saved)} critic(s), the trainer {len(critics)}.")
-        for critic, state in zip(critics, saved):
-            _load_critic(critic, state)
+        if len(saved) != expected:
+            raise CheckpointError(f"checkpoint {path} has {len(saved)} critic(s), the trainer {expected}.")
+        for critic in critics:
+            _load_critic(critic, saved[critic.index])
     trainer.state = dict(meta["state"])
     trainer.history = json.loads((path / "history.json").read_text())
     trainer._buffer = []

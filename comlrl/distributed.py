@@ -315,6 +315,10 @@ class DistTeam:
         """True on the rank that writes ``agent`` to disk: the rank of its replica 0."""
         return self.placement.ranks[agent.index][0] == self.rank
 
+    def owns_critic(self, agent: int | None) -> bool:
+        """True on the rank that writes agent ``agent``'s critic (the centralized one: ``agent`` None) to disk."""
+        return self.placement.ranks[agent][0] == self.rank if agent is not None else self.is_main
+
     # --- collectives with a clear error --------------------------------------------------------------
     def _fail(self, what: str, exc: BaseException) -> DistributedError:
         return DistributedError(
@@ -386,7 +390,12 @@ class DistTeam:
         group = self.grad_groups.get(agent.index)
         if group is None:
             return sums
-        params = agent.params
+        return self.sum_gradients(agent.params, sums, group, self.object_groups[agent.index], f"agent {agent.index}")
+
+    def sum_gradients(self, params: list, sums: dict[str, float], group: Any, object_group: Any,
+                      what: str) -> dict[str, float]:
+        """Sum ``params``' gradients over the ranks of ``group`` (in place) and the metric ``sums`` over
+        ``object_group`` (gloo, the same ranks); returns the summed metrics."""
         # A parameter without a gradient on every replica keeps grad=None (AdamW then skips it, as in one process).
         has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self.device)
         try:
@@ -399,10 +408,21 @@ class DistTeam:
             for work in works:
                 work.wait()
         except (RuntimeError, dist.DistError) as exc:
-            raise self._fail(f"all-reduce gradients of agent {agent.index}", exc) from exc
-        every = self.all_gather(sums, f"sum loss metrics of agent {agent.index}", self.object_groups[agent.index])
+            raise self._fail(f"all-reduce gradients of {what}", exc) from exc
+        every = self.all_gather(sums, f"sum loss metrics of {what}", object_group)
         keys = list(dict.fromkeys(k for s in every for k in s))
         return {k: sum(s.get(k, 0.0) for s in every) for k in keys}
+
+    def critic_shard(self, agent: int | None) -> tuple[int, int, Any, Any]:
+        """(shard index, shard count, gradient group, object group) of a critic's data-parallel update: agent
+        ``agent``'s critic (IAC) lives on that agent's replicas; the centralized one (``agent`` None, MAAC) on every
+        rank. The groups are None when the critic has a single copy."""
+        if agent is not None:
+            return (self.replica or 0, self.placement.replicas, self.grad_groups.get(agent),
+                    self.object_groups.get(agent))
+        if self.world_size == 1:
+            return 0, 1, None, None
+        return self.rank, self.world_size, dist.group.WORLD, self.objects
 
     def merge_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Every rank's metrics in one dict (per-agent keys come from the agent's rank; shared keys from rank 0)."""
@@ -485,6 +505,10 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
                 torch.save({"optimizer": agent.optimizer.state_dict(), "scheduler": agent.scheduler.state_dict()},
                            tmp / agent.name / "training_state.pt")
                 ck._sync_tree(tmp / agent.name)
+        mine = {c.index: ck._critic_state(c) for c in getattr(trainer, "critics", []) if team.owns_critic(c.reads)}
+        if mine:  # rank 0 joins the parts into the single-process critics.pt
+            torch.save(mine, tmp / f"critics.rank{team.rank}.pt")
+            ck._fsync_file(tmp / f"critics.rank{team.rank}.pt")
         torch.save(rng, tmp / rng_file(team.rank))
         ck._fsync_file(tmp / rng_file(team.rank))
     except Exception as exc:  # noqa: BLE001 -- shared with every rank by sync()
@@ -518,6 +542,7 @@ def _publish_checkpoint(trainer: Any, tmp: Path, root: Path, step: int) -> str:
         ck._write_text(tmp / "history.json", json.dumps(trainer.history))
         if (root / "config.yaml").is_file():
             ck._write_text(tmp / "config.yaml", (root / "config.yaml").read_text())
+        _join_critics(tmp, getattr(trainer, "num_critics", 0))
         ck._write_manifest(tmp, step)
         final = root / f"{ck.PREFIX}{step}"
         ck._replace_dir(tmp, final)
@@ -527,6 +552,25 @@ def _publish_checkpoint(trainer: Any, tmp: Path, root: Path, step: int) -> str:
     ck.prune(root, trainer.args.save_total_limit)
     log.info("saved %s", final)
     return str(final)
+
+
+def _join_critics(tmp: Path, count: int) -> None:
+    """Rank 0: the critics' owners wrote ``critics.rank<r>.pt`` ({critic index: state}); one ``critics.pt`` (a list
+    in critic order, as one process writes it) replaces them."""
+    from . import checkpoint as ck
+
+    parts = sorted(tmp.glob("critics.rank*.pt"))
+    if not count and not parts:
+        return
+    states: dict[int, Any] = {}
+    for part in parts:
+        states.update(torch.load(part, map_location="cpu", weights_only=False))
+    if sorted(states) != list(range(count)):
+        raise ck.CheckpointError(f"checkpoint: the ranks wrote critics {sorted(states)}, expected 0..{count - 1}.")
+    torch.save([states[i] for i in range(count)], tmp / "critics.pt")
+    ck._fsync_file(tmp / "critics.pt")
+    for part in parts:
+        part.unlink()
 
 
 def load_checkpoint(trainer: Any, path: str | os.PathLike) -> dict:

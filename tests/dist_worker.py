@@ -3,13 +3,15 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_worker.py OUT '{"max_steps": 3}'
     python tests/dist_worker.py OUT '{"max_steps": 3}'                   # the single-process reference
 
-The JSON holds MAGRPOConfig fields plus ``resume`` (continue from the newest checkpoint in output_dir),
+The JSON holds MAGRPOConfig fields (or, with ``"trainer": "iac"`` / ``"maac"``, IACConfig / MAACConfig fields) plus
+``resume`` (continue from the newest checkpoint in output_dir),
 ``model`` (keyword arguments of tiny.tiny_model, e.g. {"hidden": 256, "layers": 4}), ``lora`` (peft.LoraConfig
 fields: a LoRA team on one shared base per process), and the test hooks ``die_at`` / ``hang_at`` /
 ``reward_error_at`` = [rank, step]: that rank exits with os._exit(1) / sleeps forever at the start of that
 step, or that rank's reward function raises during that step (only rank 0 computes rewards). Each rank writes
 ``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents) and ``OUT/history.rank<r>.json`` (the
-trainer's metrics per step plus ``time/step``, the wall time of the step).
+trainer's metrics per step plus ``time/step``, the wall time of the step); actor-critic runs add
+``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank).
 """
 
 from __future__ import annotations
@@ -50,17 +52,21 @@ def own_weights(agent) -> dict[str, torch.Tensor]:
 def run(out: str | Path, spec: dict) -> dict:
     """Train the tiny team; returns the trainer's train() output (weights and history go to ``out``)."""
     from comlrl import checkpoint
-    from comlrl.config import MAGRPOConfig
+    from comlrl.config import IACConfig, MAACConfig, MAGRPOConfig
+    from comlrl.trainers.actor_critic import IACTrainer, MAACTrainer
     from comlrl.trainers.magrpo import MAGRPOTrainer
 
     spec = dict(spec)
+    kind = spec.pop("trainer", "magrpo")
+    trainer_class, config_class = {"magrpo": (MAGRPOTrainer, MAGRPOConfig), "iac": (IACTrainer, IACConfig),
+                                   "maac": (MAACTrainer, MAACConfig)}[kind]
     hooks = {k: spec.pop(k) for k in ("die_at", "hang_at", "reward_error_at", "resume") if k in spec}
     model_kwargs = spec.pop("model", {})
     lora = spec.pop("lora", None)
     out = Path(out)
     rank = int(os.environ.get("RANK", 0))
 
-    class HookedTrainer(MAGRPOTrainer):
+    class HookedTrainer(trainer_class):
         def training_step(self, rows, row_ids):  # the failure hooks fire as step `at` (1-based) starts
             step = self.state["step"] + 1
             if hooks.get("die_at") == [rank, step]:
@@ -80,7 +86,7 @@ def run(out: str | Path, spec: dict) -> dict:
             raise ValueError("reward exploded (test hook)")
         return length_reward(a, b)
 
-    args = MAGRPOConfig(**{**BASE, "output_dir": str(out / "run"), **spec})
+    args = config_class(**{**BASE, "output_dir": str(out / "run"), **spec})
     model = tiny_model(**model_kwargs)
     # Extra stop ids make some completions end early, so shards get different widths and masks get padding.
     model.generation_config.eos_token_id = [2, *range(60, 90)]
@@ -97,6 +103,9 @@ def run(out: str | Path, spec: dict) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.save({a.index: own_weights(a) for a in trainer.agents}, out / f"weights.rank{rank}.pt")
     (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
+    if kind != "magrpo":
+        torch.save({c.index: [p.detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
+                   out / f"critics.rank{rank}.pt")
     return result
 
 

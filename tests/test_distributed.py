@@ -321,3 +321,84 @@ def test_cli_under_torchrun_writes_each_file_once(tmp_path):
     assert (run_dir / "eval_before.json").is_file() and (run_dir / "eval_after.json").is_file()
     assert log.count("run directory:") == 1  # the summary is printed by rank 0 only
     assert distributed.torchrun_command(2, ["train", cfg])[-3:] == ["comlrl", "train", cfg]
+
+
+# --- actor-critic under torchrun -----------------------------------------------------------------
+
+
+def run_in_process(out: Path, spec: dict) -> Path:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the torchrun workers: same float reductions
+    try:
+        dist_worker.run(out, spec)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def critic_params(out: Path) -> dict[int, list[list[torch.Tensor]]]:
+    """critic index -> the trainable parameters every rank holding it saved."""
+    found: dict[int, list] = {}
+    for path in sorted(out.glob("critics.rank*.pt")):
+        for i, params in torch.load(path).items():
+            found.setdefault(i, []).append(params)
+    return found
+
+
+def test_iac_critics_live_with_their_agents_and_resume_bitwise(tmp_path):
+    """IAC on 2 ranks: each rank holds one agent and that agent's critic; actors, critics and metrics are bitwise
+    those of one process, the checkpoint holds both critics in one critics.pt, and a run killed at step 3
+    resumes to the same weights."""
+    spec = {**SPEC, "trainer": "iac", "critic_learning_rate": 1e-2}
+    ref = run_in_process(tmp_path / "ref", spec)
+    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
+    assert rc == 0, log[-4000:]
+    got = critic_params(tmp_path / "ap")
+    assert {i: len(c) for i, c in got.items()} == {0: 1, 1: 1}  # one critic per rank, with its agent
+    assert sorted(torch.load(tmp_path / "ap" / "critics.rank1.pt")) == [1]
+    for i, copies in got.items():
+        assert all(torch.equal(a, b) for a, b in zip(copies[0], critic_params(ref)[i][0])), i
+    assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "ap"))
+    assert history(tmp_path / "ap") == history(ref)
+    assert "critic/1/value_loss" in history(tmp_path / "ap")[-1]  # rank 1's critic reaches rank 0's metrics
+    ckpt = tmp_path / "ap" / "run" / "checkpoint-4"
+    assert checkpoint.verify(ckpt) is None and not list(ckpt.glob("critics.rank*"))
+    saved = torch.load(ckpt / "critics.pt", weights_only=False)
+    assert len(saved) == 2 and all(torch.equal(a, b) for a, b in zip(saved[1]["params"], got[1][0]))
+
+    rc, log, _ = torchrun(2, tmp_path / "resumed", {**spec, "die_at": [1, 3]})
+    assert rc != 0 and "dying at step 3" in log
+    rc, log, _ = torchrun(2, tmp_path / "resumed", {**spec, "resume": True})
+    assert rc == 0, log[-4000:]
+    assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "resumed"))
+    for i, copies in critic_params(tmp_path / "resumed").items():
+        assert all(torch.equal(a, b) for a, b in zip(copies[0], got[i][0])), i
+
+
+def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_one_process(tmp_path):
+    """MAAC (Q critic) on 2 ranks: the centralized critic has a copy on each rank, each copy updates on half of the
+    rows and the gradients are summed, so the copies stay bitwise equal and match one process to float reassociation.
+    A torchrun checkpoint resumes in one process."""
+    import shutil
+
+    spec = {**SPEC, "trainer": "maac", "critic_type": "q", "critic_learning_rate": 1e-2}
+    ref = run_in_process(tmp_path / "ref", spec)
+    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
+    assert rc == 0, log[-4000:]
+    copies = critic_params(tmp_path / "ap")[0]
+    assert len(copies) == 2 and all(torch.equal(a, b) for a, b in zip(*copies))
+    for a, b in zip(copies[0], critic_params(ref)[0][0]):
+        torch.testing.assert_close(a, b, atol=DP_ATOL, rtol=0)
+    assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "ap"), atol=DP_ATOL)
+    for mine, theirs in zip(history(tmp_path / "ap"), history(ref)):
+        assert mine.keys() == theirs.keys()
+        for k in theirs:
+            assert mine[k] == pytest.approx(theirs[k], rel=1e-4, abs=1e-6), k
+    # one process continues the torchrun run from its step-2 checkpoint
+    single = tmp_path / "single"
+    (single / "run").mkdir(parents=True)
+    shutil.copytree(tmp_path / "ap" / "run" / "checkpoint-2", single / "run" / "checkpoint-2")
+    run_in_process(single, {**spec, "resume": True})
+    for a, b in zip(critic_params(single)[0][0], critic_params(ref)[0][0]):
+        torch.testing.assert_close(a, b, atol=DP_ATOL, rtol=0)
+    assert_same_weights(agent_weights(ref), agent_weights(single), atol=DP_ATOL)

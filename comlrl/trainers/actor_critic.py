@@ -15,13 +15,15 @@ import torch
 from ..advantages import normalize, tree_gae
 from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
 from ..critic import ValueModel, encode_texts, joint_action_text, joint_state_text
+from ..distributed import shard_bounds
 from ..errors import ConfigError
 from ..losses import value_loss
 from ..models import copy_model, load_model, load_tokenizer
+from ..sampling import derive_seed, seeded
 from ..team import active_adapter
 from .base import MultiAgentTrainer
 from .episode import Episode, joint_indices
-from .setup import build_optimizer
+from .setup import build_optimizer, build_tokenizers
 
 
 @dataclass
@@ -34,6 +36,11 @@ class Critic:
     scheduler: Any
     reads: int | None
     adapter: str | None = None  # the actor's adapter to activate when the head sits on a shared LoRA backbone
+
+    @property
+    def index(self) -> int:
+        """Position in the team's critics (the checkpoint's order and the metric names): agent index or 0."""
+        return 0 if self.reads is None else self.reads
 
 
 @dataclass
@@ -53,13 +60,20 @@ class ActorCriticTrainer(MultiAgentTrainer):
     config_class = ActorCriticConfig
     config_base = ActorCriticConfig
     centralized = False
-    supports_distributed = False  # critics are not placed / reduced across torchrun ranks yet
+    # Under torchrun, agent i's critic (IAC) lives on agent i's ranks, the centralized one (MAAC) on every rank; each
+    # copy computes the values of the whole rollout and updates on its shard of the rows (gradients summed).
+    supports_distributed = True
 
     def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
         self._critic_source, self._critic_tokenizer = critic, critic_tokenizer
         self._critic_batches: list[list[CriticBatch]] = []
         super().__init__(*args, **kwargs)
         self._build_optimizers()
+
+    @property
+    def num_critics(self) -> int:
+        """Critics of the whole team (under torchrun, ``critics`` holds only this rank's)."""
+        return 1 if self.centralized else self.num_agents
 
     # ------------------------------------------------------------------ construction
     def _check_args(self) -> None:
@@ -69,7 +83,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
         """Build the critics' backbones from the actors' *initial* models (before any LoRA wrapping)."""
-        reads = [None] if self.centralized else list(range(len(models)))
+        local = self.dist.local_agents if self.dist else list(range(len(models)))  # agent index of each model
+        reads = [None] if self.centralized else local
         self.critics_spec = []
         for r in reads:
             i = 0 if r is None else r
@@ -77,30 +92,35 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 self.critics_spec.append((None, None, r))
                 continue
             src = self._critic_source if self._critic_source is not None else self.args.critic_model
-            if src is None:
-                backbone, tok_src = copy_model(models[i]), sources[i]
+            if src is None and i in local:
+                backbone, tok_src = copy_model(models[local.index(i)]), sources[local.index(i)]
+            elif src is None:  # the centralized critic on a rank without agent 0: from agent 0's source
+                tok_src = self._team_sources[i]
+                backbone = copy_model(tok_src) if hasattr(tok_src, "parameters") else load_model(tok_src)
             else:
                 backbone = copy_model(src) if hasattr(src, "parameters") else load_model(src)
                 tok_src = src
             tok = load_tokenizer(self._critic_tokenizer) if self._critic_tokenizer is not None else None
             if tok is None:
                 tok = load_tokenizer(tok_src) if isinstance(tok_src, str) else None
+            if tok is None and i not in local:  # the actor's tokenizer, as in one process
+                tok = build_tokenizers(self._tokenizer_source, self._team_sources, [i])[0]
             if peft_config is not None:
                 from peft import get_peft_model
                 import copy as _copy
 
-                backbone = get_peft_model(backbone, _copy.deepcopy(peft_config))
+                with seeded(derive_seed(self.args.seed, "critic lora", i)):  # the same init on every rank
+                    backbone = get_peft_model(backbone, _copy.deepcopy(peft_config))
             self.critics_spec.append((backbone, tok, r))
 
     def _build_optimizers(self) -> None:
         self.critics: list[Critic] = []
         updates = self.total_steps // self.args.gradient_accumulation_steps + 1
+        agents = {a.index: a for a in self.agents}
         for backbone, tok, r in self.critics_spec:
-            agent = self.agents[0 if r is None else r]
-            if backbone is None:  # value head on the actor's backbone (features detached)
-                model = ValueModel(agent.model, detach_backbone=True)
-            else:
-                model = ValueModel(backbone)
+            agent = agents.get(0 if r is None else r)  # None: the centralized critic on a rank without agent 0
+            with seeded(derive_seed(self.args.seed, "critic head", 0 if r is None else r)):  # as in one process
+                model = ValueModel(agent.model, detach_backbone=True) if backbone is None else ValueModel(backbone)
             model.to(self.device)
             tok = tok or agent.tokenizer
             if tok.pad_token_id is None:
@@ -115,20 +135,25 @@ class ActorCriticTrainer(MultiAgentTrainer):
         a = self.args
         rewards = [t.rewards if a.reward_clip is None else t.rewards.clamp(-a.reward_clip, a.reward_clip) for t in episode.turns]
         children = [t.children for t in episode.turns]
-        per_critic, batches = [], []
-        for c, critic in enumerate(self.critics):
+        per_critic, batches = {}, []
+        for critic in self.critics:
             node_values, batch = self._values(critic, episode)
             adv, targets = tree_gae(rewards, node_values, children, a.discount, a.gae_lambda)
-            per_critic.append([x.reshape(-1) for x in adv])
+            per_critic[critic.index] = [x.reshape(-1) for x in adv]
             q = a.critic_type == "q"
             batch.targets = torch.cat([t.reshape(-1, 1) if q else t for t in targets])
             batches.append(batch)
-            metrics[f"critic/{c}/value_mean"] = float(batch.old_values.mean())
-            metrics[f"critic/{c}/target_mean"] = float(batch.targets.mean())
+            metrics[f"critic/{critic.index}/value_mean"] = float(batch.old_values.mean())
+            metrics[f"critic/{critic.index}/target_mean"] = float(batch.targets.mean())
         self._critic_batches.append(batches)
+        if self.dist is not None:  # rank 0 writes the metrics: every critic's, wherever it lives
+            metrics.update(self.dist.merge_metrics({k: v for k, v in metrics.items() if k.startswith("critic/")}))
         out = []
         for i in range(self.num_agents):
-            adv = per_critic[0 if self.centralized else i]
+            adv = per_critic.get(0 if self.centralized else i)
+            if adv is None:  # under torchrun: an agent (and its critic) on another rank
+                out.append([])
+                continue
             if a.normalize_advantages:
                 flat = normalize(torch.cat(adv))
                 adv = list(torch.split(flat, [x.numel() for x in adv]))
@@ -176,30 +201,36 @@ class ActorCriticTrainer(MultiAgentTrainer):
         """Actor updates (the shared loop), then one update per critic over the buffered rollouts."""
         metrics = super().optimize(buffer)
         start = time.perf_counter()
+        critic_metrics = {}
         for c, critic in enumerate(self.critics):
             batches = [b[c] for b in self._critic_batches]
-            metrics[f"critic/{c}/value_loss"] = self._update_critic(critic, batches)
-        metrics["time/critic_update"] = time.perf_counter() - start
+            critic_metrics[f"critic/{critic.index}/value_loss"] = self._update_critic(critic, batches)
+        critic_metrics["time/critic_update"] = time.perf_counter() - start
         self._critic_batches = []
-        return metrics
+        return {**metrics, **(self.dist.merge_metrics(critic_metrics) if self.dist else critic_metrics)}
 
     def _update_critic(self, critic: Critic, batches: list[CriticBatch]) -> float:
         """One optimizer step on the MSE (optionally clipped) between V and the targets; returns the mean loss."""
         if not critic.model.training:
             critic.model.train()
         critic.optimizer.zero_grad(set_to_none=True)
-        total = sum(b.ids.shape[0] for b in batches)
+        total = sum(b.ids.shape[0] for b in batches)  # the whole step's rows: each shard's loss keeps this normalizer
+        shard, shards, group, object_group = (self.dist.critic_shard(critic.reads) if self.dist else (0, 1, None, None))
         chunk = self.args.forward_batch_size or max(total, 1)
         loss_sum = 0.0
         for b in batches:
-            for lo in range(0, b.ids.shape[0], chunk):
-                sl = slice(lo, lo + chunk)
+            first, end = shard_bounds(b.ids.shape[0], shards)[shard]  # this copy's rows (all of them in one process)
+            for lo in range(first, end, chunk):
+                sl = slice(lo, min(lo + chunk, end))
                 v = self._forward_values(critic, b.ids[sl], b.mask[sl])
                 old, tgt = b.old_values[sl].to(self.device).unsqueeze(-1), b.targets[sl].to(self.device)
                 loss = value_loss(v.unsqueeze(-1), old, tgt, self.args.value_clip) * (v.shape[0] / total)
                 loss.backward()
                 loss_sum += float(loss.detach())
         params = critic.model.trainable_parameters()
+        if group is not None:  # the sum of the shards' gradients is the full-batch gradient
+            loss_sum = self.dist.sum_gradients(params, {"loss": loss_sum}, group, object_group,
+                                               f"critic {critic.index}")["loss"]
         if self.args.critic_max_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, self.args.critic_max_grad_norm)
         critic.optimizer.step()

@@ -100,6 +100,7 @@ class MultiAgentTrainer:
         self.formatters = fmts = build_formatters(formatters, self.num_agents)  # every agent's: prompts of the whole team
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
         groups = source_groups(here) if share else list(range(len(local)))
+        self._team_sources, self._tokenizer_source = sources, tokenizer  # every agent's, also those on other ranks
         self.prepare_models(here, models, peft_config)
         lora_seeds = [derive_seed(self.args.seed, "lora", i) for i in local]  # an adapter's init does not depend on placement
         wrapped = (build_lora_team(models, groups, peft_config, local, lora_seeds) if peft_config is not None
