@@ -186,6 +186,17 @@ def assert_same_weights(ref: dict, got: dict, atol: float = 0.0) -> None:
                     torch.testing.assert_close(v, ref[i][0][k], atol=atol, rtol=0, msg=f"agent {i} {k}")
 
 
+def run_in_process(out: Path, spec: dict) -> Path:
+    """The single-process run of ``spec`` (dist_worker.run in this process, one thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the torchrun workers: same float reductions
+    try:
+        dist_worker.run(out, spec)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Lazily computed runs shared by the tests: 'ref' (one process, in-process) and 'ap' (2 ranks)."""
@@ -196,12 +207,7 @@ def runs(tmp_path_factory):
         if name not in cache:
             out = root / name
             if name == "ref":
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)  # as the torchrun workers: same float reductions
-                try:
-                    dist_worker.run(out, SPEC)
-                finally:
-                    torch.set_num_threads(threads)
+                run_in_process(out, SPEC)
             else:
                 rc, log, _ = torchrun(2, out, SPEC)
                 assert rc == 0, log[-4000:]
@@ -230,12 +236,7 @@ def test_lora_team_split_across_ranks_equals_single_process(tmp_path):
     """One process: both adapters on one shared base; two ranks: one base + one adapter each. Bitwise equal."""
     lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     spec = {"max_steps": 3, "lora": lora}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        dist_worker.run(tmp_path / "ref", spec)
-    finally:
-        torch.set_num_threads(threads)
+    run_in_process(tmp_path / "ref", spec)
     rc, log, _ = torchrun(2, tmp_path / "ap", spec)
     assert rc == 0, log[-4000:]
     got = agent_weights(tmp_path / "ap")
@@ -324,16 +325,6 @@ def test_cli_under_torchrun_writes_each_file_once(tmp_path):
 
 
 # --- actor-critic under torchrun -----------------------------------------------------------------
-
-
-def run_in_process(out: Path, spec: dict) -> Path:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the torchrun workers: same float reductions
-    try:
-        dist_worker.run(out, spec)
-    finally:
-        torch.set_num_threads(threads)
-    return out
 
 
 def critic_params(out: Path) -> dict[int, list[list[torch.Tensor]]]:
