@@ -9,6 +9,7 @@ slowest core), so the load average is printed with the numbers:
 
     python benchmarks/bench_distributed.py                # 1 process vs torchrun 2 processes
     python benchmarks/bench_distributed.py --steps 8 --hidden 512 --dp   # also 4 processes (2 agents x 2 replicas)
+    python benchmarks/bench_distributed.py --trainer iac                 # actor-critic: critics placed with agents
 
 Prints the median step time over steps 2..N (step 1 includes warm-up) and its parts (generate = sampling plus
 exchanging completions, loss = forward/backward incl. the gradient all-reduce, optimizer).
@@ -48,8 +49,8 @@ def run(nproc: int, threads: int, spec: dict, out: Path) -> dict[str, float]:
     if proc.returncode:
         raise SystemExit(f"{nproc}-process run failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     steps = json.loads((out / "history.rank0.json").read_text())[1:]
-    keys = ("time/step", "time/generate", "time/loss", "time/optimizer")
-    return {**{k: statistics.median(s[k] for s in steps) for k in keys}, "wall": wall}
+    keys = ("time/step", "time/generate", "time/loss", "time/optimizer", "time/critic_update")
+    return {**{k: statistics.median(s.get(k, 0.0) for s in steps) for k in keys}, "wall": wall}
 
 
 def main() -> None:
@@ -59,25 +60,29 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dp", action="store_true", help="also 4 processes: 2 agents x 2 replicas (oversubscribes 2 cores)")
+    ap.add_argument("--trainer", choices=("magrpo", "iac", "maac"), default="magrpo",
+                    help="iac / maac: a separate critic per agent / one centralized critic (a copy of the actor model)")
     a = ap.parse_args()
     cores = os.cpu_count() or 1
     spec = {"max_steps": a.steps, "max_new_tokens": a.new_tokens, "num_generations": 4, "per_device_train_batch_size": 4,
-            "save_steps": 0, "logging_steps": 0, "model": {"hidden": a.hidden, "layers": a.layers}}
+            "save_steps": 0, "logging_steps": 0, "model": {"hidden": a.hidden, "layers": a.layers}, "trainer": a.trainer}
     variants = [("1 process, both agents", 1, 1), ("1 process, both agents", 1, cores),
                 ("torchrun 2 procs, agent parallel", 2, 1)]
     if a.dp:
         variants.append(("torchrun 4 procs, 2 agents x 2 replicas", 4, max(cores // 4, 1)))
-    print(f"team of 2 random Llama agents ({a.layers} layers, hidden {a.hidden}), 4 prompts x 4 samples, "
+    print(f"{a.trainer}: team of 2 random Llama agents ({a.layers} layers, hidden {a.hidden}), 4 prompts x 4 samples, "
           f"up to {a.new_tokens} new tokens, {cores} CPU cores (load average {os.getloadavg()[0]:.1f}), "
           f"median over steps 2..{a.steps}")
-    print(f"{'variant':<42}{'threads/proc':>13}{'step s':>9}{'generate':>10}{'loss':>8}{'optim':>8}{'job wall s':>12}")
+    print(f"{'variant':<42}{'threads/proc':>13}{'step s':>9}{'generate':>10}{'loss':>8}{'optim':>8}{'critic':>8}"
+          f"{'job wall s':>12}")
     base = None
     with tempfile.TemporaryDirectory() as tmp:
         for name, nproc, threads in variants:
             t = run(nproc, threads, spec, Path(tmp) / f"n{nproc}")
             base = base or t["time/step"]
             print(f"{name:<42}{threads:>13}{t['time/step']:>9.3f}{t['time/generate']:>10.3f}{t['time/loss']:>8.3f}"
-                  f"{t['time/optimizer']:>8.3f}{t['wall']:>12.1f}   x{base / t['time/step']:.2f}")
+                  f"{t['time/optimizer']:>8.3f}{t['time/critic_update']:>8.3f}{t['wall']:>12.1f}"
+                  f"   x{base / t['time/step']:.2f}")
     print(f"(load average after: {os.getloadavg()[0]:.1f}; x = speed-up over the first row)")
 
 
