@@ -230,6 +230,35 @@ def resolve_placement(num_agents: int, world_size: int, placement: dict | None =
     return out
 
 
+# Gradients under this size are all-reduced in coalesced buckets of about this size. Measured with gloo, 2 ranks on
+# CPU: 420 LoRA factors (16 x 576) 125-240 ms one by one, 23 ms in 1 MB buckets; a SmolLM2-sized full model (273
+# tensors) 265-300 ms either way (4 MB buckets: slower, 320 ms, the copies outweigh the saved calls).
+BUCKET_BYTES = 1 << 20
+
+
+def grad_buckets(tensors: list[torch.Tensor], cap_bytes: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """``tensors`` in order, grouped for coalesced collectives: consecutive tensors of one dtype and device fill a
+    bucket up to ``cap_bytes``; a tensor of ``cap_bytes`` or more is a bucket of its own."""
+    out: list[list[torch.Tensor]] = []
+    current: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        alone = nbytes >= cap_bytes
+        if current and (alone or t.dtype != current[0].dtype or t.device != current[0].device
+                        or size + nbytes > cap_bytes):
+            out.append(current)
+            current, size = [], 0
+        if alone:
+            out.append([t])
+            continue
+        current.append(t)
+        size += nbytes
+    if current:
+        out.append(current)
+    return out
+
+
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """Split range(n) into ``parts`` contiguous shards whose sizes differ by at most one (earlier ones larger)."""
     base, extra = divmod(n, parts)
@@ -403,10 +432,17 @@ class DistTeam:
             for p, h in zip(params, has.tolist()):
                 if h and p.grad is None:
                     p.grad = torch.zeros_like(p)
-            works = [dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group, async_op=True)
-                     for p, h in zip(params, has.tolist()) if h]
+            grads = [p.grad for p, h in zip(params, has.tolist()) if h]
+            # small gradients (LoRA factors, norms) travel coalesced: one collective per ~1 MB instead of one each
+            flats = [(bucket, torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0])
+                     for bucket in grad_buckets(grads, BUCKET_BYTES)]
+            works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True) for _, flat in flats]
             for work in works:
                 work.wait()
+            for bucket, flat in flats:
+                if len(bucket) > 1:
+                    for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
+                        g.copy_(part.view_as(g))
         except (RuntimeError, dist.DistError) as exc:
             raise self._fail(f"all-reduce gradients of {what}", exc) from exc
         every = self.all_gather(sums, f"sum loss metrics of {what}", object_group)

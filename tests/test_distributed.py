@@ -393,3 +393,19 @@ def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_
     for a, b in zip(critic_params(single)[0][0], critic_params(ref)[0][0]):
         torch.testing.assert_close(a, b, atol=DP_ATOL, rtol=0)
     assert_same_weights(agent_weights(ref), agent_weights(single), atol=DP_ATOL)
+
+
+def test_gradient_buckets_coalesce_small_tensors_in_order():
+    from comlrl.distributed import grad_buckets
+
+    small = [torch.zeros(10) for _ in range(5)]  # 40 bytes each
+    big, half = torch.zeros(100), torch.zeros(10, dtype=torch.float64)  # 400 bytes; 80 bytes of another dtype
+    buckets = grad_buckets([small[0], small[1], big, small[2], half, small[3], small[4]], cap_bytes=100)
+    assert [[id(t) for t in b] for b in buckets] == [
+        [id(small[0]), id(small[1])],  # 80 bytes; a third would pass the cap
+        [id(big)],  # at or over the cap: alone
+        [id(small[2])],  # the next tensor has another dtype
+        [id(half)],
+        [id(small[3]), id(small[4])],
+    ]
+    assert grad_buckets([]) == []
