@@ -11,7 +11,8 @@ fields: a LoRA team on one shared base per process), and the test hooks ``die_at
 step, or that rank's reward function raises during that step (only rank 0 computes rewards). Each rank writes
 ``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents) and ``OUT/history.rank<r>.json`` (the
 trainer's metrics per step plus ``time/step``, the wall time of the step); actor-critic runs add
-``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank).
+``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank) and
+``OUT/critic_rows.rank<r>.json`` (how many rows its critics ran forward: values and updates).
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ def run(out: str | Path, spec: dict) -> dict:
             metrics["time/step"] = time.perf_counter() - start
             return metrics
 
+        def _forward_values(self, critic, ids, mask):  # actor-critic: rows each critic copy runs (values + updates)
+            self.critic_rows = getattr(self, "critic_rows", 0) + ids.shape[0]
+            return super()._forward_values(critic, ids, mask)
+
     def reward(a, b):
         if hooks.get("reward_error_at") == [rank, getattr(trainer, "_step", 0)]:
             raise ValueError("reward exploded (test hook)")
@@ -106,6 +111,7 @@ def run(out: str | Path, spec: dict) -> dict:
     if kind != "magrpo":
         torch.save({c.index: [p.detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
                    out / f"critics.rank{rank}.pt")
+        (out / f"critic_rows.rank{rank}.json").write_text(json.dumps(getattr(trainer, "critic_rows", 0)))
     return result
 
 

@@ -84,7 +84,7 @@ def test_critic_learns_fixed_reward_per_prompt(cls, cfg_cls):
     from comlrl.trainers.episode import root_nodes
 
     ep = t.rollout(ROWS, [0, 1, 2, 3], t.generation_settings(), 2, t.reward_func)
-    values, _ = t._values(t.critics[0], ep)
+    values, _ = t._values(ep)[0]
     torch.testing.assert_close(values[0], torch.tensor([r["target"] for r in ROWS]), atol=0.25, rtol=0)
     assert len(t.critics) == (1 if cls is MAACTrainer else 2)
 

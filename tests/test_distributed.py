@@ -367,8 +367,8 @@ def test_iac_critics_live_with_their_agents_and_resume_bitwise(tmp_path):
 
 
 def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_one_process(tmp_path):
-    """MAAC (Q critic) on 2 ranks: the centralized critic has a copy on each rank, each copy updates on half of the
-    rows and the gradients are summed, so the copies stay bitwise equal and match one process to float reassociation.
+    """MAAC (Q critic) on 2 ranks: the centralized critic has a copy on each rank, each copy values and updates on
+    its half of the rows (values exchanged, gradients summed), so the copies stay bitwise equal and match one process to float reassociation.
     A torchrun checkpoint resumes in one process."""
     import shutil
 
@@ -378,6 +378,8 @@ def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_
     assert rc == 0, log[-4000:]
     copies = critic_params(tmp_path / "ap")[0]
     assert len(copies) == 2 and all(torch.equal(a, b) for a, b in zip(*copies))
+    rows = [json.loads((tmp_path / "ap" / f"critic_rows.rank{r}.json").read_text()) for r in (0, 1)]
+    assert rows[0] + rows[1] == json.loads((ref / "critic_rows.rank0.json").read_text())  # each copy: its shard only
     for a, b in zip(copies[0], critic_params(ref)[0][0]):
         torch.testing.assert_close(a, b, atol=DP_ATOL, rtol=0)
     assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "ap"), atol=DP_ATOL)

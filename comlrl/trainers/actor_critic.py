@@ -61,7 +61,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     config_base = ActorCriticConfig
     centralized = False
     # Under torchrun, agent i's critic (IAC) lives on agent i's ranks, the centralized one (MAAC) on every rank; each
-    # copy computes the values of the whole rollout and updates on its shard of the rows (gradients summed).
+    # copy values and updates its shard of the rows (values exchanged, gradients summed).
     supports_distributed = True
 
     def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
@@ -136,8 +136,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         rewards = [t.rewards if a.reward_clip is None else t.rewards.clamp(-a.reward_clip, a.reward_clip) for t in episode.turns]
         children = [t.children for t in episode.turns]
         per_critic, batches = {}, []
-        for critic in self.critics:
-            node_values, batch = self._values(critic, episode)
+        for critic, (node_values, batch) in zip(self.critics, self._values(episode)):
             adv, targets = tree_gae(rewards, node_values, children, a.discount, a.gae_lambda)
             per_critic[critic.index] = [x.reshape(-1) for x in adv]
             q = a.critic_type == "q"
@@ -176,16 +175,37 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return texts
 
     @torch.no_grad()
-    def _values(self, critic: Critic, episode: Episode) -> tuple[list[torch.Tensor], CriticBatch]:
-        """V(node) per turn (mean of Q over the node's joint actions for a Q critic) and the critic's batch."""
-        texts = self._critic_texts(critic, episode)
-        flat = [t for turn in texts for t in turn]
-        ids, mask = encode_texts(critic.tokenizer, flat, self.args.max_prompt_length)
-        values = self._forward_values(critic, ids, mask).cpu()
-        per_turn = list(torch.split(values, [len(t) for t in texts]))
-        if self.args.critic_type == "q":
-            per_turn = [v.view(-1, self.args.num_generations).mean(dim=-1) for v in per_turn]
-        return per_turn, CriticBatch(ids, mask, values, torch.empty(0))
+    def _values(self, episode: Episode) -> list[tuple[list[torch.Tensor], CriticBatch]]:
+        """Per critic on this process: V(node) per turn (mean of Q over the node's joint actions for a Q critic) and
+        the critic's batch. Under torchrun each copy of a critic values its shard of the rows (the rows it updates
+        on) and the copies exchange their values."""
+        encoded, mine = [], {}
+        for critic in self.critics:
+            texts = self._critic_texts(critic, episode)
+            flat = [t for turn in texts for t in turn]
+            ids, mask = encode_texts(critic.tokenizer, flat, self.args.max_prompt_length)
+            shard, shards = self._critic_shard(critic)[:2]
+            lo, hi = shard_bounds(len(flat), shards)[shard]
+            values = self._forward_values(critic, ids[lo:hi], mask[lo:hi]).cpu() if hi > lo else torch.empty(0)
+            mine[critic.index] = {shard: values}
+            encoded.append((texts, ids, mask))
+        if self.dist is not None and (self.centralized or self.dist.placement.replicas > 1):  # the same on every rank
+            for part in self.dist.all_gather(mine, "exchange critic values"):
+                for index, shards in part.items():
+                    if index in mine:
+                        mine[index].update(shards)
+        out = []
+        for critic, (texts, ids, mask) in zip(self.critics, encoded):
+            values = torch.cat([v for _, v in sorted(mine[critic.index].items())])
+            per_turn = list(torch.split(values, [len(t) for t in texts]))
+            if self.args.critic_type == "q":
+                per_turn = [v.view(-1, self.args.num_generations).mean(dim=-1) for v in per_turn]
+            out.append((per_turn, CriticBatch(ids, mask, values, torch.empty(0))))
+        return out
+
+    def _critic_shard(self, critic: Critic) -> tuple[int, int, Any, Any]:
+        """(shard, shard count, gradient group, object group) of a critic's rows: see DistTeam.critic_shard."""
+        return self.dist.critic_shard(critic.reads) if self.dist else (0, 1, None, None)
 
     def _forward_values(self, critic: Critic, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         chunk = self.args.forward_batch_size or ids.shape[0]
@@ -215,7 +235,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             critic.model.train()
         critic.optimizer.zero_grad(set_to_none=True)
         total = sum(b.ids.shape[0] for b in batches)  # the whole step's rows: each shard's loss keeps this normalizer
-        shard, shards, group, object_group = (self.dist.critic_shard(critic.reads) if self.dist else (0, 1, None, None))
+        shard, shards, group, object_group = self._critic_shard(critic)
         chunk = self.args.forward_batch_size or max(total, 1)
         loss_sum = 0.0
         for b in batches:
