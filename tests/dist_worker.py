@@ -5,14 +5,16 @@
 
 The JSON holds MAGRPOConfig fields (or, with ``"trainer": "iac"`` / ``"maac"``, IACConfig / MAACConfig fields) plus
 ``resume`` (continue from the newest checkpoint in output_dir),
-``model`` (keyword arguments of tiny.tiny_model, e.g. {"hidden": 256, "layers": 4}), ``lora`` (peft.LoraConfig
+``model`` (keyword arguments of tiny.tiny_model, e.g. {"hidden": 256, "layers": 4}) or ``model_dir`` (a saved
+model every process loads by path), ``lora`` (peft.LoraConfig
 fields: a LoRA team on one shared base per process), and the test hooks ``die_at`` / ``hang_at`` /
 ``reward_error_at`` = [rank, step]: that rank exits with os._exit(1) / sleeps forever at the start of that
 step, or that rank's reward function raises during that step (only rank 0 computes rewards). Each rank writes
 ``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents) and ``OUT/history.rank<r>.json`` (the
 trainer's metrics per step plus ``time/step``, the wall time of the step); actor-critic runs add
 ``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank) and
-``OUT/critic_rows.rank<r>.json`` (how many rows its critics ran forward: values and updates).
+``OUT/critic_rows.rank<r>.json`` (how many rows its critics ran forward: values and updates) and
+``OUT/critic_dtypes.rank<r>.json`` (each critic's backbone dtype).
 """
 
 from __future__ import annotations
@@ -91,10 +93,12 @@ def run(out: str | Path, spec: dict) -> dict:
             raise ValueError("reward exploded (test hook)")
         return length_reward(a, b)
 
+    model_dir = spec.pop("model_dir", None)
     args = config_class(**{**BASE, "output_dir": str(out / "run"), **spec})
-    model = tiny_model(**model_kwargs)
-    # Extra stop ids make some completions end early, so shards get different widths and masks get padding.
-    model.generation_config.eos_token_id = [2, *range(60, 90)]
+    model = model_dir or tiny_model(**model_kwargs)  # model_dir: a saved model, loaded by each process
+    if not model_dir:
+        # Extra stop ids make some completions end early, so shards get different widths and masks get padding.
+        model.generation_config.eos_token_id = [2, *range(60, 90)]
     peft_config = None
     if lora is not None:
         from peft import LoraConfig
@@ -112,6 +116,8 @@ def run(out: str | Path, spec: dict) -> dict:
         torch.save({c.index: [p.detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
                    out / f"critics.rank{rank}.pt")
         (out / f"critic_rows.rank{rank}.json").write_text(json.dumps(getattr(trainer, "critic_rows", 0)))
+        (out / f"critic_dtypes.rank{rank}.json").write_text(json.dumps(
+            {c.index: str(next(c.model.backbone.parameters()).dtype) for c in trainer.critics}))
     return result
 
 

@@ -411,3 +411,17 @@ def test_gradient_buckets_coalesce_small_tensors_in_order():
         [id(small[3]), id(small[4])],
     ]
     assert grad_buckets([]) == []
+
+
+def test_maac_critic_built_from_a_path_on_a_rank_without_agent_0_matches_agent_0s_rank(tmp_path):
+    """A LoRA team in bf16 stores its bases in bf16; rank 1 (agent 1 only) loads agent 0's source for the
+    centralized critic itself and must store it the same way as rank 0's copy of agent 0's model."""
+    tiny = tmp_path / "tiny"
+    tiny_model().save_pretrained(tiny)
+    tiny_tokenizer().save_pretrained(tiny)
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    spec = {"trainer": "maac", "max_steps": 1, "model_dir": str(tiny), "lora": lora, "bf16": True}
+    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
+    assert rc == 0, log[-4000:]
+    dtypes = [json.loads((tmp_path / "ap" / f"critic_dtypes.rank{r}.json").read_text()) for r in (0, 1)]
+    assert dtypes == [{"0": "torch.bfloat16"}, {"0": "torch.bfloat16"}]

@@ -97,6 +97,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             elif src is None:  # the centralized critic on a rank without agent 0: from agent 0's source
                 tok_src = self._team_sources[i]
                 backbone = copy_model(tok_src) if hasattr(tok_src, "parameters") else load_model(tok_src)
+                if peft_config is not None and self.args.bf16:  # stored as the actors' bases are (and agent 0's is)
+                    backbone = backbone.to(torch.bfloat16)
             else:
                 backbone = copy_model(src) if hasattr(src, "parameters") else load_model(src)
                 tok_src = src
