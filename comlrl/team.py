@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from contextvars import ContextVar
 from typing import Any, Iterator
 
@@ -23,6 +24,16 @@ def adapter_name(agent: int) -> str:
     return f"agent_{agent}"
 
 
+def wrap_lora(model: PreTrainedModel, peft_config: Any, adapter: str = "default") -> Any:
+    """``peft.get_peft_model(model, peft_config, adapter_name=adapter)`` without the FutureWarning it makes
+    transformers >= 5 print about ``is_gradient_checkpointing`` (PEFT reads the old name)."""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, peft_config, adapter_name=adapter)
+
+
 def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_config: Any,
                     agents: list[int] | None = None, seeds: list[int] | None = None) -> list[tuple[Any, str]]:
     """Wrap models with LoRA adapters; agents with the same group id share one PeftModel.
@@ -33,8 +44,6 @@ def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_confi
     other agents were built before it in this process.
     Returns (model, adapter name) per agent.
     """
-    from peft import get_peft_model
-
     shared: dict[int, Any] = {}
     out = []
     for i, (model, group) in enumerate(zip(models, groups)):
@@ -43,7 +52,7 @@ def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_confi
         if seeds is not None:
             torch.manual_seed(seeds[i])
         if group not in shared:
-            shared[group] = get_peft_model(model, cfg, adapter_name=name)
+            shared[group] = wrap_lora(model, cfg, name)
         else:
             shared[group].add_adapter(name, cfg)
         out.append((shared[group], name))

@@ -269,3 +269,15 @@ def test_freed_memory_is_released_between_phases_unless_turned_off(monkeypatch):
 
     assert count(peft=False) == count(peft=True) == 4  # 2 updates
     assert count(peft=True, release_memory=False) == count(peft=False, release_memory=False) == 0
+
+
+def test_wrapping_a_model_in_lora_prints_no_deprecation_noise():
+    import warnings
+
+    from comlrl.team import wrap_lora
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = wrap_lora(tiny_model(), LoraConfig(r=4, target_modules=["q_proj"]), "agent_0")
+    assert "agent_0" in model.peft_config
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

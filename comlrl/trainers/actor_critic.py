@@ -6,6 +6,7 @@ advantage estimate differs: advantage = GAE/TD target - V(h), with V from *befor
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from ..errors import ConfigError
 from ..losses import value_loss
 from ..models import copy_model, load_model, load_tokenizer
 from ..sampling import derive_seed, seeded
-from ..team import active_adapter
+from ..team import active_adapter, wrap_lora
 from .base import MultiAgentTrainer
 from .episode import Episode, joint_indices
 from .setup import build_optimizer, build_tokenizers
@@ -108,11 +109,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if tok is None and i not in local:  # the actor's tokenizer, as in one process
                 tok = build_tokenizers(self._tokenizer_source, self._team_sources, [i])[0]
             if peft_config is not None:
-                from peft import get_peft_model
-                import copy as _copy
-
                 with seeded(derive_seed(self.args.seed, "critic lora", i)):  # the same init on every rank
-                    backbone = get_peft_model(backbone, _copy.deepcopy(peft_config))
+                    backbone = wrap_lora(backbone, copy.deepcopy(peft_config))
             self.critics_spec.append((backbone, tok, r))
 
     def _build_optimizers(self) -> None:
