@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from .errors import ComlrlError, ConfigError
 from .rollout import Samples
+from .shapes import pad_tokens
 
 log = logging.getLogger(__name__)
 
@@ -279,20 +280,14 @@ def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
         return parts[0]
     p_width = max(p.prompt_ids.shape[1] for p in parts)
     c_width = max(p.completion_ids.shape[1] for p in parts)
-
-    def left(x: torch.Tensor, value: int) -> torch.Tensor:
-        return F.pad(x, (p_width - x.shape[1], 0), value=value)
-
-    def right(x: torch.Tensor, value: int) -> torch.Tensor:
-        return F.pad(x, (0, c_width - x.shape[1]), value=value)
-
-    return Samples(
-        torch.cat([left(p.prompt_ids, pad_id) for p in parts]), torch.cat([left(p.prompt_mask, 0) for p in parts]),
-        torch.cat([right(p.completion_ids, pad_id) for p in parts]),
-        torch.cat([right(p.completion_mask, 0) for p in parts]),
-        [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
-        None if any(p.rollout_logprobs is None for p in parts) else torch.cat([right(p.rollout_logprobs, 0) for p in parts]),
-    )
+    prompts = [pad_tokens(p.prompt_ids, p.prompt_mask, left=True, multiple=1, pad_id=pad_id, width=p_width)
+               for p in parts]
+    completions = [pad_tokens(p.completion_ids, p.completion_mask, left=False, multiple=1, pad_id=pad_id,
+                              width=c_width) for p in parts]
+    logp = (None if any(p.rollout_logprobs is None for p in parts)
+            else torch.cat([F.pad(p.rollout_logprobs, (0, c_width - p.rollout_logprobs.shape[1])) for p in parts]))
+    return Samples(*(torch.cat(column) for column in (*zip(*prompts), *zip(*completions))),
+                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]), logp)
 
 
 # --- the runtime -------------------------------------------------------------------------------------
@@ -456,8 +451,6 @@ class DistTeam:
         if agent is not None:
             return (self.replica or 0, self.placement.replicas, self.grad_groups.get(agent),
                     self.object_groups.get(agent))
-        if self.world_size == 1:
-            return 0, 1, None, None
         return self.rank, self.world_size, dist.group.WORLD, self.objects
 
     def merge_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:

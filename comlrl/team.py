@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .models import is_checkpointing
+from .sampling import seeded
 
 
 def adapter_name(agent: int) -> str:
@@ -40,8 +41,8 @@ def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_confi
 
     models[i]: agent i's base (agents of a group pass the same base); groups[i]: its sharing group.
     agents: each model's agent index (default 0, 1, ...; a torchrun process holds only some agents).
-    seeds: seed the RNG before each adapter's random init, so an agent's adapter does not depend on which
-    other agents were built before it in this process.
+    seeds: each adapter's random init runs under its own seed (the global RNG is restored after), so an agent's
+    adapter does not depend on which other agents were built before it in this process.
     Returns (model, adapter name) per agent.
     """
     shared: dict[int, Any] = {}
@@ -49,12 +50,11 @@ def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_confi
     for i, (model, group) in enumerate(zip(models, groups)):
         name = adapter_name(agents[i] if agents is not None else i)
         cfg = copy.deepcopy(peft_config)
-        if seeds is not None:
-            torch.manual_seed(seeds[i])
-        if group not in shared:
-            shared[group] = wrap_lora(model, cfg, name)
-        else:
-            shared[group].add_adapter(name, cfg)
+        with seeded(seeds[i]) if seeds is not None else contextlib.nullcontext():
+            if group not in shared:
+                shared[group] = wrap_lora(model, cfg, name)
+            else:
+                shared[group].add_adapter(name, cfg)
         out.append((shared[group], name))
     return out
 

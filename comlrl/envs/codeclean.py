@@ -143,9 +143,6 @@ def split_chunks(text: str) -> list[str]:
     return ["\n".join(c).rstrip() for c in chunks if any(ln.strip() for ln in c)]
 
 
-_parses = parse_quiet
-
-
 def compiles(source: str) -> str | None:
     """None when ``source`` compiles as a module, else the error message (with its line).
 
@@ -192,7 +189,7 @@ def _keep_statement(node: ast.stmt, local_functions: set[str]) -> bool:
 def _merge_broken(chunks: list[str], start: int, limit: int = 4) -> int:
     """How many chunks after ``start`` to merge so that the merge parses (0: none works)."""
     for extra in range(1, min(limit, len(chunks) - start - 1) + 1):
-        if _parses("\n".join(chunks[start : start + extra + 1])) is not None:
+        if parse_quiet("\n".join(chunks[start : start + extra + 1])) is not None:
             return extra
     return 0
 
@@ -210,19 +207,19 @@ def _explode(source: str, module: ast.Module) -> list[tuple[str, ast.Module]]:
 def _collect_chunks(text: str) -> tuple[list[tuple[str, ast.Module | None]], int]:
     """Top-level statements as ``(source, one-statement module or None if broken)``, and how many
     chunks of prose were dropped."""
-    tree = _parses(text)
+    tree = parse_quiet(text)
     if tree is not None:  # fast path: the whole answer parses
         return _explode(text, tree), 0
     raw = split_chunks(text)
     out: list[tuple[str, ast.Module | None]] = []
     dropped, i = 0, 0
     while i < len(raw):
-        module = _parses(raw[i])
+        module = parse_quiet(raw[i])
         # Only a chunk that starts like code can be completed by the chunks after it (prose cannot).
         extra = 0 if module is not None or not _STATEMENT_START.match(raw[i]) else _merge_broken(raw, i)
         if module is not None or extra > 0:
             source = "\n".join(raw[i : i + extra + 1])
-            out.extend(_explode(source, module or _parses(source)))
+            out.extend(_explode(source, module or parse_quiet(source)))
         elif _looks_like_code(raw[i]):
             out.append((raw[i], None))
         else:
@@ -323,7 +320,7 @@ def wrap_body(text: str, signature: str) -> str | None:
         for candidate in fix_first_line_indent(rest):
             body = textwrap.indent(textwrap.dedent(candidate), "    ")
             source = signature.rstrip() + "\n" + body
-            tree = _parses(source)
+            tree = parse_quiet(source)
             if tree is not None and tree.body and function_returns(tree.body[0]):
                 return source
     return None
