@@ -10,6 +10,9 @@ from typing import Callable
 
 import torch
 
+# joint action composition: a name or alias -> the canonical name
+JOINT_MODES = {"align": "align", "aligned": "align", "cross": "cross"}
+
 Baseline = Callable[[torch.Tensor], torch.Tensor]
 BASELINES: dict[str, Baseline] = {}
 
@@ -74,6 +77,13 @@ def compute_advantages(
     elif scale != "none":
         raise ValueError(f"unknown scale '{scale}'; valid: none, group, batch")
     return adv
+
+
+def joint_mode_name(mode: str) -> str:
+    """The canonical joint mode ('align' or 'cross') of ``mode`` or its alias ('aligned'); ValueError otherwise."""
+    if mode not in JOINT_MODES:
+        raise ValueError(f"unknown joint_mode {mode!r}; valid: {sorted(JOINT_MODES)}")
+    return JOINT_MODES[mode]
 
 
 def cross_credit(joint_returns: torch.Tensor, agent: int) -> torch.Tensor:

@@ -57,11 +57,6 @@ class CheckpointError(ComlrlError):
 
 def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -> Path:
     """Write ``checkpoint-<step>`` atomically under ``output_dir`` (default ``trainer.args.output_dir``)."""
-    if trainer._buffer or getattr(trainer, "_critic_batches", None):
-        raise CheckpointError(
-            f"step {trainer.state['step']}: {len(trainer._buffer)} rollout(s) are waiting for the next optimizer "
-            "step (gradient accumulation); checkpoint only at multiples of gradient_accumulation_steps."
-        )
     rng = rng_state()  # first: nothing below may move a generator before it is captured
     root = Path(output_dir or trainer.args.output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -279,8 +274,9 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
         for critic in critics:
             _load_critic(critic, saved[critic.index])
     trainer.state = dict(meta["state"])
+    # checkpoints of format 1 counted rollouts as steps
+    trainer.state.setdefault("rollouts", trainer.state["step"] * trainer.args.gradient_accumulation_steps)
     trainer.history = json.loads((path / "history.json").read_text())
-    trainer._buffer = []
     set_rng_state(torch.load(path / "rng_state.pt", weights_only=False))
     dropped = truncate_metrics(Path(metrics_dir or trainer.args.output_dir) / METRICS_FILE, trainer.state["step"])
     log.info("resumed from %s (step %d; %d later metric line(s) dropped)", path, trainer.state["step"], dropped)

@@ -3,7 +3,8 @@
     comlrl train configs/quickstart.yaml                      # train; run dir runs/<name>-<timestamp>
     comlrl train CONFIG --set training.max_steps=4 --set model=./my-model
     comlrl train CONFIG --set output_dir=runs/a --resume      # continue a killed run from its newest checkpoint
-    comlrl eval CONFIG [--baseline single|parallel|sequential|discussion ...]
+    comlrl eval RUN_DIR [--checkpoint N]                     # the run's trained models -> RUN_DIR/eval_final.json
+    comlrl eval CONFIG [--baseline single|parallel|sequential|discussion ...]   # the config's model, untrained
     comlrl report RUN_DIR                                     # plots + report.md from a run directory
     comlrl envs                                               # the environments, their options and defaults
 
@@ -130,7 +131,9 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
     log.debug("resolved config:\n%s", runconfig.dump(resolved))  # console with -v; always in train.log
 
     trainer = build_trainer(cfg, env, train, evaluation, str(run_dir))
-    trainer.tracker = (tracking.Tracker(run_dir, trainer.args.report_to, run_name=run_dir.name, config=resolved) if main
+    # _open_run has refused a used run directory unless resuming, so the tracker may append to its metrics
+    trainer.tracker = (tracking.Tracker(run_dir, trainer.args.report_to, run_name=run_dir.name, config=resolved,
+                                        trainer=type(trainer).__name__, resume=cfg.resume) if main
                        else distributed.NullTracker())
     before = _evaluate(trainer, run_dir, "before") if evaluation is not None and cfg.evaluation.before else None
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -152,7 +155,9 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
 
     has_run = (run_dir / tracking.METRICS_FILE).exists() or bool(checkpoint.checkpoints(run_dir))
     if has_run and not resume:
-        raise ComlrlError(f"{run_dir} already holds a run; pass --resume to continue it, or set another output_dir.")
+        raise ComlrlError(f"{run_dir} already holds a run; pass --resume to continue it, or set another output_dir "
+                          "(unset, every run gets a fresh runs/<name>-<timestamp>). The command line never deletes a "
+                          "run: training.overwrite_output_dir applies to the Python API only.")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         return None
@@ -210,12 +215,8 @@ def _short(text: str, n: int = 160) -> str:
 
 
 def cmd_evaluate(ns: argparse.Namespace) -> int:
-    cfg = runconfig.load_config(ns.config, ns.set)
-    if not cfg.data.eval_limit:
-        raise ComlrlError("eval needs evaluation rows: set data.eval_limit > 0 (e.g. --set data.eval_limit=16).")
-    env = make_env(cfg)
-    _, rows = load_data(cfg, env)
-    trainer = build_trainer(cfg, env, None, rows, cfg.output_dir or "output")
+    trainer, env, rows, models = open_evaluation(ns.target, ns.checkpoint, ns.set)
+    print(f"models: {models['description']}")
     results: dict[str, Any] = {}
     if not ns.baseline:
         results["team"] = trainer.evaluate()
@@ -227,9 +228,91 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         for mode in ns.baseline:
             results[mode] = run_baseline(env, mode, generate, rows)
         print(format_table(results))
-    if ns.output:
-        Path(ns.output).write_text(json.dumps(results, indent=2, default=str))
+    text = json.dumps({"models": models, **results}, indent=2, default=str)
+    outputs = [Path(ns.output)] if ns.output else []
+    if "run_dir" in models:  # a trained run's evaluation stays with the run
+        outputs.append(Path(models["run_dir"]) / f"eval_{models['models']}.json")
+    for path in outputs:
+        path.write_text(text)
+        print(f"results: {path}")
     return 0
+
+
+def open_evaluation(target: str | Path, step: int | None = None,
+                    overrides: list[str] | tuple[str, ...] = ()) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(trainer, env, evaluation rows, models) of ``comlrl eval TARGET``, with the models to evaluate loaded.
+
+    TARGET is a run directory (its resolved ``config.yaml``; the trained models in ``final/``, or those of
+    ``checkpoint-<step>``) or a YAML run config (the config's model, untrained). ``models`` says which was loaded.
+    """
+    target = Path(target)
+    run = None
+    if target.is_dir():
+        cfg = runconfig.load_config(_run_config(target), overrides)
+        run = trained_models(target, step, cfg.team_size)
+    elif step is not None:
+        raise ComlrlError(f"--checkpoint {step} needs a run directory (written by comlrl train), not {target}.")
+    elif not target.exists():
+        raise ComlrlError(f"{target} does not exist: pass a run directory (written by comlrl train) to evaluate its "
+                          "trained models, or a YAML run config to evaluate the config's model.")
+    else:
+        cfg = runconfig.load_config(target, overrides)
+    if not cfg.data.eval_limit:
+        raise ComlrlError("eval needs evaluation rows: set data.eval_limit > 0 (e.g. --set data.eval_limit=16).")
+    env = make_env(cfg)
+    _, rows = load_data(cfg, env)
+    trainer = build_trainer(cfg, env, None, rows, str(target) if run else cfg.output_dir or "output")
+    if run is None:
+        team = cfg.agents if cfg.agents is not None else f"{cfg.model} x {cfg.team_size}"
+        return trainer, env, rows, {"config": str(target), "models": "untrained",
+                                    "description": f"{team}, untrained (the config's model; pass a run directory "
+                                                   "to evaluate a run's trained models)"}
+    from .checkpoint import load_weights
+
+    for agent in trainer.agents:  # full weights, or the agent's LoRA adapter on the base the config names
+        load_weights(agent.model, run / agent.name, agent.adapter)
+    what = "final models" if run.name == "final" else f"models at step {run.name.removeprefix('checkpoint-')}"
+    lora = f", LoRA adapters on {cfg.agents or cfg.model}" if cfg.lora is not None else ""
+    return trainer, env, rows, {"run_dir": str(target), "models": run.name, "path": str(run),
+                                "description": f"{run} (the {what} of run {target}{lora})"}
+
+
+def _run_config(run_dir: Path) -> Path:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        held = sorted(p.name for p in run_dir.iterdir())
+        raise ComlrlError(f"{run_dir} is not a run directory of comlrl train: it has no config.yaml (the resolved "
+                          f"config every run writes); it holds: {', '.join(held) or 'nothing'}.")
+    return path
+
+
+def trained_models(run_dir: Path, step: int | None, num_agents: int) -> Path:
+    """``run_dir/final`` (step None) or ``run_dir/checkpoint-<step>``, checked to hold one folder per agent."""
+    from . import checkpoint
+
+    saved = [s for s, _ in checkpoint.checkpoints(run_dir)]
+    listing = (f"its checkpoints: {', '.join(map(str, saved))}" if saved else
+               "it has no checkpoints (training.save_steps was 0, or the run stopped before the first)")
+    final = run_dir / "final"
+    if step is None:
+        if not final.is_dir():
+            raise ComlrlError(f"{run_dir} has no final models: {final} is written when training finishes; {listing}"
+                              + (" (evaluate one with --checkpoint N)." if saved else "."))
+        folder = final
+    else:
+        folder = run_dir / f"{checkpoint.PREFIX}{step}"
+        if not folder.is_dir():
+            raise ComlrlError(f"{run_dir} has no {folder.name}; {listing}"
+                              + ("; and final models (omit --checkpoint)." if final.is_dir() else "."))
+        problem = checkpoint.verify(folder)
+        if problem is not None:
+            raise ComlrlError(f"{folder} cannot be evaluated: {problem}.")
+    names = [f"agent_{i}" for i in range(num_agents)]
+    held = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name.startswith("agent_"))
+    if held != sorted(names):
+        raise ComlrlError(f"{folder} holds {', '.join(held) or 'no agent folders'}, but the run's team of "
+                          f"{num_agents} needs {', '.join(names)}.")
+    return folder
 
 
 def make_generate(trainer: Any, batch_size: int = 8) -> Any:
@@ -286,6 +369,7 @@ def cmd_envs(ns: argparse.Namespace) -> int:
         print(f"{info['name']}: {info['description']}")
         print(f"  agents: {info['num_agents']} (default)   max reward: {info['max_reward']}")
         print(f"  options: {_kv(info['options']) or 'none'}")
+        print(f"  data (no source): {info.get('data') or 'none'}")
         print(f"  defaults: {_kv(info['defaults']) or 'none'}")
         if info.get("levels"):
             print(f"  reward levels: {', '.join(map(str, info['levels']))}")
@@ -329,10 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "see docs/distributed.md). For several machines call torchrun yourself.")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="Evaluate a team, or baselines, on the config's evaluation rows.",
-                       description="Without --baseline: the team's greedy evaluation (trainer.evaluate). With it: "
-                                   "the baselines of comlrl.envs.baselines, as a table.")
-    p.add_argument("config", help="YAML run config; its data section picks the evaluation rows.")
+    p = sub.add_parser("eval", help="Evaluate a trained run's team, a config's (untrained) team, or baselines.",
+                       description="RUN_DIR: the run's trained models (final/, or --checkpoint N) under its resolved "
+                                   "config.yaml; results also go to RUN_DIR/eval_final.json (eval_checkpoint-N.json). "
+                                   "CONFIG: the model(s) the YAML config names, untrained. Without --baseline: the "
+                                   "team's greedy evaluation (trainer.evaluate) on the config's evaluation rows. With "
+                                   "it: the baselines of comlrl.envs.baselines with those models, as a table.")
+    p.add_argument("target", metavar="RUN_DIR|CONFIG",
+                   help="A run directory of comlrl train (its trained models), or a YAML run config (its model, "
+                        "untrained); the config's data section picks the evaluation rows.")
+    p.add_argument("--checkpoint", type=int, metavar="N",
+                   help="With RUN_DIR: evaluate RUN_DIR/checkpoint-N instead of the final models.")
     p.add_argument("--baseline", action="append", choices=BASELINES, default=[],
                    help="single, parallel, sequential or discussion (repeatable).")
     p.add_argument("--set", **setting)

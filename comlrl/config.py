@@ -9,15 +9,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import numbers
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .advantages import JOINT_MODES
+from .losses import LOSS_NORMALIZATIONS
 from .errors import ConfigError
 
-JOINT_MODES = {"align": "align", "aligned": "align", "cross": "cross"}
 ADVANTAGE_MODES = ("none", "mean", "loo", "max")
 SCALE_MODES = ("none", "group", "batch")
-LOSS_TYPES = ("token_mean", "seq_mean_token_mean", "seq_sum")
+SCALE_BOOLS = {True: "group", False: "none"}  # TRL's scale_rewards=True / False
+TURN_WEIGHTINGS = ("samples", "turns")
+LOSS_TYPES = tuple(LOSS_NORMALIZATIONS)
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 ROLLOUT_DTYPES = (None, "float32", "bfloat16", "float16")
 
@@ -34,17 +39,77 @@ def suggest(name: str, valid: list[str]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
+_SCALARS = {"int": int, "float": float, "bool": bool, "None": type(None)}
+
+
+def scalar_types(annotation: Any) -> frozenset | None:
+    """The types a field annotated with int / float / bool / None only accepts ('float | None' -> {float, NoneType});
+    None when the annotation names anything else (str, list, dict, Any, ...): such fields are not type-checked.
+    Annotations are strings here (``from __future__ import annotations``); real types (subclasses) work too."""
+    if isinstance(annotation, str):
+        types = {_SCALARS.get(part.strip()) for part in annotation.split("|")}
+    else:
+        types = {a if a in _SCALARS.values() else None for a in typing.get_args(annotation) or (annotation,)}
+    return None if None in types or types <= {type(None)} else frozenset(types)
+
+
+def type_problem(name: str, value: Any, types: frozenset) -> str | None:
+    """Why ``value`` does not fit a field of these scalar types, with the fix; None when it fits.
+
+    Nothing is coerced: a string for a number field is refused, not parsed (run configs convert YAML's '1e-5'
+    strings themselves, see runconfig._coerce_floats). A bool is not a number here, a float not an integer.
+    """
+    want_bool, want_int, want_float = bool in types, int in types, float in types
+    expected = ("True, False or an integer" if want_bool and want_int else "True or False" if want_bool
+                else "a number" if want_float else "an integer")
+    if value is None:
+        return None if type(None) in types else f"{name}=None; pass {expected}."
+    if isinstance(value, bool):
+        return None if want_bool or not (want_int or want_float) else f"{name}={value!r} is a bool; pass {expected}."
+    if isinstance(value, numbers.Integral):
+        return None if want_int or want_float or value in (0, 1) else f"{name}={value!r}; pass {expected}."
+    if isinstance(value, numbers.Real):
+        if want_float:
+            return None
+        fix = f": {name}={int(value)}" if want_int and float(value).is_integer() else ""
+        return f"{name}={value!r} is a float; pass {expected}{fix}."
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        fix = ""
+        if want_float and number is not None:
+            fix = f": {name}={text}"
+        elif want_int and number is not None and number.is_integer():
+            fix = f": {name}={int(number)}"
+        elif want_bool and text.lower() in ("true", "false"):
+            fix = f": {name}={text.lower() == 'true'} (as a string, 'false' would count as true)"
+        return f"{name}={value!r} is a string; pass {expected}{fix}."
+    return f"{name}={value!r:.60} is a {type(value).__name__}; pass {expected}."
+
+
 def config_class(cls: type) -> type:
-    """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion."""
+    """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion, and values of the wrong
+    type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead."""
     cls = dataclass(cls)
     init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]
+    init_names = [f.name for f in dataclasses.fields(cls) if f.init]
+    checked = {f.name: t for f in dataclasses.fields(cls) if (t := scalar_types(f.type)) is not None}
 
     @functools.wraps(init)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
         for key in kwargs:
             if key not in names:
                 raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, names)}")
+        for key, value in {**dict(zip(init_names, args)), **kwargs}.items():
+            problem = type_problem(key, value, checked[key]) if key in checked else None
+            if problem is not None:
+                raise ConfigError(f"{cls.__name__}.{problem}")
+        # the fields the caller gave, so that aliases can tell a value given from a default (``_merge_alias``)
+        object.__setattr__(self, "_given_fields", frozenset(kwargs) | frozenset(init_names[: len(args)]))
         init(self, *args, **kwargs)
 
     cls.__init__ = checked_init
@@ -60,11 +125,21 @@ class TrainConfig:
     """
 
     # --- run ---
-    output_dir: str = _help("output", "Directory for checkpoints, metrics and final models.")
+    output_dir: str = _help("output", "Directory for checkpoints, metrics and final models. A directory that holds "
+                            "another run's metrics is refused unless overwrite_output_dir or resuming.")
+    overwrite_output_dir: bool = _help(False, "Replace the metrics of a previous run in output_dir instead of refusing it.")
     seed: int = _help(42, "Seed for python, numpy and torch; two runs with the same seed are identical on CPU.")
     num_train_epochs: float = _help(1.0, "Passes over the training dataset (ignored when max_steps > 0).")
-    max_steps: int = _help(-1, "Total rollout steps; > 0 overrides num_train_epochs.")
-    per_device_train_batch_size: int = _help(1, "Dataset rows (prompts) per rollout step.")
+    max_steps: int = _help(
+        -1, "Optimizer steps of the run (TRL's global steps: each takes gradient_accumulation_steps rollouts); > 0 "
+        "overrides num_train_epochs."
+    )
+    per_device_train_batch_size: int = _help(
+        1, "Dataset rows (prompts) per rollout, per rank. Each row gets num_generations samples per agent. Under "
+        "torchrun every rank of the job samples the same rows (ranks split agents and the rows' samples, not the "
+        "dataset), so the global batch of one optimizer step is per_device_train_batch_size x "
+        "gradient_accumulation_steps rows, whatever the number of ranks."
+    )
     shuffle: bool = _help(True, "Shuffle the training rows each epoch (seeded).")
     device: str = _help("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     # --- optimisation ---
@@ -78,11 +153,13 @@ class TrainConfig:
     lr_scheduler_type: str = _help("constant", f"One of {SCHEDULERS}.")
     warmup_steps: int = _help(0, "Linear warmup optimizer steps (overrides warmup_ratio when > 0).")
     warmup_ratio: float = _help(0.0, "Fraction of optimizer steps used for linear warmup.")
-    gradient_accumulation_steps: int = _help(1, "Rollout steps whose losses are accumulated before one optimizer step.")
+    gradient_accumulation_steps: int = _help(1, "Rollouts whose losses are accumulated into one optimizer step.")
     forward_batch_size: int | None = _help(None, "Sequences per forward/backward chunk (bounds memory); None = all at once.")
-    bf16: bool = _help(
-        False, "Run forward passes and generation in bfloat16 (autocast; trained weights and optimizer states stay "
-        "fp32). With peft_config the frozen base is stored in bf16; the adapters stay fp32."
+    bf16: bool | None = _help(
+        None, "Run forward passes and generation in bfloat16 (autocast; trained weights and optimizer states stay "
+        "fp32). With peft_config the frozen base is stored in bf16; the adapters stay fp32. None (default, like "
+        "TRL's bf16 default): on where the device computes bf16 natively (CUDA with bf16, CPUs with AVX512-BF16 or "
+        "AMX), fp32 elsewhere; detected once per trainer and logged. False: exact fp32."
     )
     gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
     malloc_mmap_threshold_kb: int | None = _help(
@@ -111,9 +188,16 @@ class TrainConfig:
     max_new_tokens: int = _help(128, "Maximum tokens generated per completion.")
     max_completion_length: int | None = _help(None, "TRL name for max_new_tokens; must agree if both are set.")
     max_prompt_length: int | None = _help(None, "Truncate prompts to their last N tokens (None = no truncation).")
-    temperature: float = _help(1.0, "Sampling temperature during training rollouts.")
-    top_p: float = _help(1.0, "Nucleus sampling threshold.")
-    top_k: int = _help(0, "Top-k sampling (0 disables).")
+    temperature: float = _help(
+        1.0, "Sampling temperature of training rollouts. The policy trained and scored (loss, ratio, KL, rollout "
+        "log-probs) is softmax(logits / temperature), as in TRL."
+    )
+    top_p: float = _help(1.0, "Nucleus sampling threshold (rollouts only: truncation is not part of the scored policy).")
+    top_k: int = _help(0, "Top-k sampling, 0 disables (rollouts only: truncation is not part of the scored policy).")
+    repetition_penalty: float = _help(
+        1.0, "Penalty > 1 on tokens already in the prompt or the completion (transformers' semantics: positive "
+        "logits divided by it, negative ones multiplied), rollouts only, not part of the scored policy; 1 disables."
+    )
     fast_generation: bool = _help(
         True, "Sample with comlrl's own decode loop (static KV cache; Llama/Mistral/Qwen2 layouts, else a generic "
         "path) instead of transformers' generate; same distribution, greedy outputs identical."
@@ -154,11 +238,13 @@ class TrainConfig:
     eval_temperature: float = _help(1.0, "Temperature when eval_do_sample is True.")
     eval_num_generations: int = _help(1, "Samples per agent per prompt in evaluation.")
     eval_max_rows: int | None = _help(None, "Evaluate on at most this many rows of eval_dataset.")
-    logging_steps: int = _help(1, "Write metrics every N steps.")
-    save_steps: int = _help(0, "Checkpoint every N steps (0 = no intermediate checkpoints).")
+    per_device_eval_batch_size: int = _help(8, "Dataset rows per evaluation rollout.")
+    logging_steps: int = _help(1, "Write metrics every N optimizer steps.")
+    save_steps: int = _help(0, "Checkpoint every N optimizer steps (0 = no intermediate checkpoints).")
     save_total_limit: int | None = _help(2, "Keep at most this many checkpoints (None = all).")
     report_to: list = _help([], "Extra metric sinks: 'tensorboard', 'wandb' (used only when installed).")
     disable_tqdm: bool = _help(False, "Hide progress bars.")
+    disable_dropout: bool = _help(False, "Set every dropout probability of the agents' models to 0 (as TRL's option).")
     # --- scale-out (torchrun; see docs/distributed.md) ---
     placement: dict | None = _help(
         None, "Under torchrun: agent index -> rank or list of ranks (its replicas; rows are split across them). "
@@ -180,6 +266,8 @@ class TrainConfig:
             (self.num_turns >= 1, "num_turns", "must be >= 1"),
             (0.0 <= self.discount <= 1.0, "discount", "must be in [0, 1]"),
             (self.temperature > 0, "temperature", "must be > 0"),
+            (self.repetition_penalty > 0, "repetition_penalty", "must be > 0"),
+            (self.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", "must be >= 1"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
             (self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {SCHEDULERS}"),
@@ -204,10 +292,12 @@ class TrainConfig:
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
 
     def _merge_alias(self, alias: str, name: str, default: Any) -> None:
+        """Take ``alias``'s value for ``name``; two different values given for the one setting raise."""
         a, v = getattr(self, alias), getattr(self, name)
         if a is None:
             return
-        if v != default and v != a:
+        given = getattr(self, "_given_fields", None)
+        if (name in given if given is not None else v != default) and v != a:
             raise ConfigError(
                 f"{type(self).__name__}: {alias}={a!r} contradicts {name}={v!r}; set only one of them."
             )
@@ -236,10 +326,27 @@ class PolicyConfig(TrainConfig):
     reward_clip: float | None = _help(None, "Clip team rewards to [-c, c] before advantages (None = off).")
     loss_type: str = _help(
         "token_mean",
-        "token_mean: mean over all completion tokens of the batch; seq_mean_token_mean: GRPO's "
-        "per-sequence mean then mean; seq_sum: sum over each sequence's tokens, mean over sequences.",
+        "How token losses are averaged over an optimizer step's completions (all its rollouts and turns). "
+        "token_mean (TRL's dapo): every completion token alike, over the whole step; seq_mean_token_mean (TRL's "
+        "grpo): each sequence's token mean, then the mean over sequences; seq_sum: each sequence's token sum, mean "
+        "over sequences; dr_grpo: token sum over (sequences x max_new_tokens), a constant normalizer (Liu et al. "
+        "2025, Dr. GRPO); bnpo: token mean within each rollout, then the mean over the step's rollouts (TRL "
+        "normalizes per local batch). TRL's default is dapo, the same normalization as token_mean.",
+    )
+    turn_weighting: str = _help(
+        "samples", "Multi-turn: 'samples' (default): every sample of a step weighs alike, so turn t weighs in "
+        "proportion to its node count (G^t, or G^(N t) in cross mode), as each tree node weighs alike in the "
+        "reference library; 'turns': the loss_type normalization runs within each turn and the turns are averaged, "
+        "so each turn weighs the same whatever its node count."
+    )
+    mask_truncated_completions: bool = _help(
+        False, "Leave completions that hit max_new_tokens without EOS out of the loss (they still count in the "
+        "rewards and baselines), as TRL's option."
     )
     epsilon: float = _help(0.2, "PPO ratio clip range; only active when num_iterations > 1.")
+    epsilon_high: float | None = _help(
+        None, "Upper clip range of the ratio, 1 + epsilon_high (DAPO's clip-higher); None = epsilon."
+    )
     num_iterations: int = _help(1, "Optimizer passes per rollout batch (PPO-style reuse with ratio clipping).")
     beta: float = _help(0.0, "KL penalty coefficient to a frozen reference copy of each agent (0 = no reference).")
 
@@ -247,6 +354,9 @@ class PolicyConfig(TrainConfig):
         super().__post_init__()
         name = type(self).__name__
         self._check_choice("loss_type", LOSS_TYPES)
+        self._check_choice("turn_weighting", TURN_WEIGHTINGS)
+        if self.epsilon_high is not None and self.epsilon_high <= 0:
+            raise ConfigError(f"{name}.epsilon_high={self.epsilon_high}: must be > 0 (or None).")
         if self.num_iterations < 1:
             raise ConfigError(f"{name}.num_iterations={self.num_iterations}: must be >= 1.")
         if self.epsilon <= 0:
@@ -274,7 +384,10 @@ class MAGRPOConfig(PolicyConfig):
     joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample "
                                      "(multi-turn: a child node per joint action).")
     advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
-    scale_rewards: str = _help("none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}.")
+    scale_rewards: str | bool = _help(
+        "none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}; TRL's True means 'group', "
+        "False 'none'. The default differs from TRL's (group): without it the four baselines give different updates."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -286,6 +399,8 @@ class MAGRPOConfig(PolicyConfig):
             )
         self.joint_mode = JOINT_MODES[self.joint_mode]
         self._check_choice("advantage_mode", ADVANTAGE_MODES)
+        if isinstance(self.scale_rewards, bool):
+            self.scale_rewards = SCALE_BOOLS[self.scale_rewards]
         self._check_choice("scale_rewards", SCALE_MODES)
         if self.advantage_mode in ("mean", "loo", "max") and self.num_generations < 2:
             raise ConfigError(

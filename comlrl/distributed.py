@@ -517,10 +517,6 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
     from . import checkpoint as ck
 
     team: DistTeam = trainer.dist
-    if trainer._buffer:
-        raise ck.CheckpointError(f"step {trainer.state['step']}: rollouts are waiting for the next optimizer step "
-                                 "(gradient accumulation); checkpoint only at multiples of "
-                                 "gradient_accumulation_steps.")
     rng = ck.rng_state()  # first: nothing below may move a generator before it is captured
     root = Path(output_dir or trainer.args.output_dir)
     step = trainer.state["step"]

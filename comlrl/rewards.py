@@ -10,6 +10,11 @@ hand-written rewards expect. A function (or object) with ``batched = True`` is c
 joint actions of a step; built-in environments do this to run their sandboxed tests in parallel.
 An object with a ``score(...)`` method returning dicts with ``"reward"`` and ``"level/..."`` keys
 also reports per-level metrics.
+
+The return value is always a sequence, even for one joint action: ``[1.0]``, not ``1.0`` or
+``torch.tensor(1.0)``. A lone number or 0-d tensor/array is rejected with a message saying so, because
+accepting it would make the same function fail as soon as it is marked ``batched``. A 1-d tensor or
+array of the right length is accepted (each element is read with ``.item()``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ def _to_float(value: Any, where: str) -> float:
 
 
 def _check(out: Any, expected: int, where: str) -> list:
+    if isinstance(out, numbers.Number) or getattr(out, "ndim", None) == 0:  # float, numpy scalar, 0-d tensor/array
+        what = "a number" if isinstance(out, numbers.Number) else f"a 0-d {type(out).__name__}"
+        raise RewardError(
+            f"{where}: reward_func returned {what} ({out!r:.60}); it must return a list with one float per joint "
+            f"action ({expected} here), even for a single one: e.g. `return [float(r)]`."
+        )
     if isinstance(out, (str, bytes)) or not isinstance(out, Sequence) and not hasattr(out, "__len__"):
         raise RewardError(f"{where}: reward_func must return a list of {expected} number(s), got {type(out).__name__}.")
     out = list(out)

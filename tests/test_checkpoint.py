@@ -93,7 +93,8 @@ def test_checkpoint_contents_and_pruning(tmp_path):
     assert {"manifest.json", "rng_state.pt", "trainer_state.json", "history.json", "agent_0/training_state.pt",
             "agent_1/model.safetensors"} <= names
     meta = json.loads((ck / "trainer_state.json").read_text())
-    assert meta["state"] == {"step": 4, "epoch": 1, "batch_in_epoch": 1} and meta["seed"] == 11 and "git" in meta
+    assert meta["state"] == {"step": 4, "rollouts": 4, "epoch": 1, "batch_in_epoch": 1}
+    assert meta["seed"] == 11 and "git" in meta
     manifest = json.loads((ck / "manifest.json").read_text())
     assert set(manifest["files"]) == names - {"manifest.json"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directories left
@@ -110,7 +111,7 @@ def test_failed_write_leaves_no_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "_file_written", fail)
     with pytest.raises(OSError, match="disk full"):
         t.save_checkpoint()
-    assert list(tmp_path.iterdir()) == [tmp_path / "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "run_info.json"]
 
 
 def test_corrupt_truncated_and_incomplete_checkpoints_are_skipped_with_a_warning(tmp_path, caplog):
@@ -134,12 +135,19 @@ def test_corrupt_truncated_and_incomplete_checkpoints_are_skipped_with_a_warning
         t.load_checkpoint(str(tmp_path / "checkpoint-4"))
 
 
-def test_no_checkpoint_in_the_middle_of_gradient_accumulation(tmp_path, caplog):
-    t = trainer(tmp_path, gradient_accumulation_steps=2, save_steps=1, max_steps=2)
-    with caplog.at_level(logging.WARNING, logger="comlrl"):
-        t.train()
-    assert [s for s, _ in checkpoint.checkpoints(tmp_path)] == [2]
-    assert "gradient accumulation" in caplog.text
+def test_checkpoints_count_optimizer_steps_under_gradient_accumulation(tmp_path):
+    """save_steps counts optimizer steps (TRL's): with 2 rollouts per step, checkpoint-1 holds 2 rollouts, and a
+    run resumed from it ends where the uninterrupted one does."""
+    t = trainer(tmp_path / "a", gradient_accumulation_steps=2, save_steps=1, max_steps=2)
+    t.train()
+    assert [s for s, _ in checkpoint.checkpoints(tmp_path / "a")] == [1, 2]
+    state = json.loads((tmp_path / "a" / "checkpoint-1" / "trainer_state.json").read_text())["state"]
+    assert state["step"] == 1 and state["rollouts"] == 2
+    resumed = trainer(tmp_path / "b", gradient_accumulation_steps=2, save_steps=1, max_steps=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-1"))
+    for x, y in zip(t.agents, resumed.agents):
+        for p, q in zip(x.model.parameters(), y.model.parameters()):
+            assert torch.equal(p, q)
 
 
 def test_truncate_metrics_drops_later_and_partial_lines(tmp_path):

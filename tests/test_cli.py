@@ -50,10 +50,10 @@ def test_every_example_config_loads_and_validates():
     assert "local" in (CONFIGS / "coophumaneval_magrpo.yaml").read_text()  # and the file says how to go offline
 
 
-def test_quickstart_points_at_real_data_next_to_the_repo():
+def test_quickstart_uses_the_packaged_posts():
     cfg = runconfig.load_config(CONFIGS / "quickstart.yaml")
     assert cfg.model == "embedded" and cfg.env.name == "tldr" and cfg.evaluation.before and cfg.evaluation.after
-    assert cfg.data.source == str((CONFIGS / "../../shared/data/tldr_posts_extra.jsonl").resolve())
+    assert cfg.data.source is None and cfg.data.eval_split == "holdout"  # tests/test_packaged_data.py checks the rows
 
 
 @pytest.mark.parametrize("override, message", [
@@ -84,7 +84,7 @@ def test_contradictions_and_invalid_values_are_rejected():
     for sets, message in [
         (["agents=[embedded, embedded]"], "either model"),
         (["algorithm=mareinforce", "training.advantage_mode=mean"], "fixes it to 'none'"),
-        (["training.save_steps=3", "training.gradient_accumulation_steps=2"], "multiple of gradient_accumulation_steps"),
+        (["training.loss_type=dr_grp"], "Did you mean 'dr_grpo'"),
         (["training.num_generations=1"], "training: MAGRPOConfig.num_generations"),
         (["resume=maybe"], "resume"),
         (["training.output_dir=x"], "top-level output_dir"),
@@ -154,6 +154,7 @@ def test_envs_lists_every_environment(capsys):
     for name in ENVS:
         assert f"{name}:" in out
     assert "defaults:" in out and "options:" in out
+    assert "data (no source): 100 Reddit posts with their authors' TL;DR, packaged (tldr_posts.jsonl.gz" in out
     assert main(["envs", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {e["name"] for e in listed} >= set(ENVS)

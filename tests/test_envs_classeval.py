@@ -158,4 +158,4 @@ def test_loader_errors(tmp_path):
     assert row["class_name"] == "A" and [m["name"] for m in row["methods"]] == ["f"]
     assert task_from_row(row).methods[0].params == 1
     with pytest.raises(DatasetError, match="FudanSELab/ClassEval"):
-        env.load_dataset()
+        env.load_dataset("FudanSELab/ClassEval")  # offline; with no source the packaged classes load

@@ -192,7 +192,7 @@ def test_loader_errors_name_file_row_and_field(tmp_path):
 
 def test_hub_id_offline_error_names_the_id():
     with pytest.raises(DatasetError, match="'trl-lib/tldr'.*local .json/.jsonl/.parquet path"):
-        envs.make("tldr").load_dataset()
+        envs.make("tldr").load_dataset("trl-lib/tldr")  # a named hub id; no source reads the packaged posts
 
 
 def test_jaccard_cap_option():

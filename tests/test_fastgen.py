@@ -391,9 +391,9 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
 @pytest.mark.parametrize("fast", [True, False], ids=["fastgen", "hf-generate"])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
-    """Samples.rollout_logprobs: each sampled token's log-prob under the rollout's own logits, 0 on padding. In the
-    model's dtype they equal what the loss forward computes (1e-5); a bf16 rollout differs from the fp32 loss by a
-    little, not by nothing."""
+    """Samples.rollout_logprobs: each sampled token's log-prob under the rollout's own logits / temperature, 0 on
+    padding. In the model's dtype they equal what the loss forward computes at that temperature (1e-5); a bf16 rollout
+    differs from the fp32 loss by a little, not by nothing."""
     from comlrl.rollout import GenerationSettings, completion_logprobs, generate
     from tiny import tiny_tokenizer
 
@@ -406,7 +406,8 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
     real = s.completion_mask.bool()
     assert torch.all(s.rollout_logprobs[real] < 0)
     with torch.no_grad():
-        ref = completion_logprobs(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
+        ref = completion_logprobs(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask,
+                                  temperature=0.7)
     gap = (s.rollout_logprobs - ref)[real].abs().max()
     if dtype is None:
         assert gap < 1e-5

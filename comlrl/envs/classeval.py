@@ -44,6 +44,7 @@ from .code import run_sandboxed
 from .codeclean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
 from .feedback import MAX_FAILURES, TRANSITION_MODES, revision_prompt
 from .loaders import load_rows
+from .packaged import PACKAGED
 
 SPLITS = ("params", "alternate", "round_robin", "contiguous")
 CLASS_LEVELS = ("level/parse", "level/methods_valid", "level/tests", "level/overlap")
@@ -397,6 +398,7 @@ class ClassEvalEnv(Env):
     description = "class skeleton; methods split between agents"
     defaults = {"max_new_tokens": 1024, "num_turns": 1}
     hub_id = "FudanSELab/ClassEval"
+    default_data = f"{PACKAGED['classeval'].describe()}; online: source={hub_id}"
 
     def __init__(
         self,
@@ -490,13 +492,16 @@ class ClassEvalEnv(Env):
 
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
         """ClassEval rows (``skeleton``, ``test``; ``methods_info``, ``class_name``, ``class_constructor``,
-        ``import_statement``, ``solution_code`` optional) from a local JSON file or the hub id; None means
-        ``FudanSELab/ClassEval`` (needs network)."""
+        ``import_statement``, ``solution_code`` optional) from a local JSON file or a hub id
+        (``FudanSELab/ClassEval``). None reads the 100 classes shipped with the package (split ``test``,
+        :mod:`.packaged`), never the network; the source used is logged at INFO."""
         return load_rows(
-            source if source is not None else self.hub_id,
+            source,
             split=split,
             limit=limit,
             required=["skeleton", "test"],
             normalize=normalize_classeval_row,
+            default=PACKAGED[self.name].rows,
+            default_label=PACKAGED[self.name].label,
             env_name=self.name,
         )

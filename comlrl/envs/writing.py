@@ -42,6 +42,7 @@ import datasets
 from ..errors import ComlrlError
 from .base import Env, Formatter, TeamReward, register
 from .loaders import load_rows, text_field
+from .packaged import PACKAGED
 from .wordlists import STOPWORDS, TRANSITIONS
 
 MARKER = "### PART 2"
@@ -257,6 +258,7 @@ class TldrEnv(WritingEnv):
     description = "summarize a Reddit post: agent 1 concise, agent 2 detailed"
     defaults = {"max_new_tokens": 256, "num_turns": 1}
     hub_id = "trl-lib/tldr"
+    default_data = f"{PACKAGED['tldr'].describe()}; online: source={hub_id}"
     tiers = TLDR_TIERS
     prompts = (
         "Summarize the Reddit post below in one or two short, factual sentences. A teammate writes a longer, "
@@ -280,17 +282,21 @@ class TldrEnv(WritingEnv):
 
     def load_dataset(self, source: Any = None, split: str = "train", limit: int | None = None) -> datasets.Dataset:
         """Reddit posts. ``source``: a local JSON/JSONL/parquet file with ``prompt`` (the ``trl-lib/tldr``
-        layout) or ``post`` (+ ``title``, ``subreddit``), or a hub id; None means ``trl-lib/tldr``."""
+        layout) or ``post`` (+ ``title``, ``subreddit``), or a hub id (``trl-lib/tldr`` for the full data set).
+        None reads the 100 posts shipped with the package (split ``train``, :mod:`.packaged`), never the
+        network, so a run gets the same rows online and offline; the source used is logged at INFO."""
 
         def normalize(row: dict, i: int) -> dict:
             return {"prompt": _post_text(row), "completion": str(row.get("completion") or row.get("summary") or "")}
 
         return load_rows(
-            source if source is not None else self.hub_id,
+            source,
             split=split,
             limit=limit,
             required=[("prompt", "post")],
             normalize=normalize,
+            default=PACKAGED[self.name].rows,
+            default_label=PACKAGED[self.name].label,
             env_name=self.name,
         )
 
@@ -303,6 +309,7 @@ class ArxivEnv(WritingEnv):
     description = "expand an abstract into an introduction: background/motivation + method/implications"
     defaults = {"max_new_tokens": 512, "num_turns": 1}
     hub_id = "OpenMLRL/arXiv_abstract"
+    default_data = f"{PACKAGED['arxiv'].describe()}; online: source={hub_id}"
     tiers = ARXIV_TIERS
     prompts = (
         "You and a teammate are writing the introduction of a research paper from its abstract. Write the first "
@@ -329,7 +336,8 @@ class ArxivEnv(WritingEnv):
 
     def load_dataset(self, source: Any = None, split: str = "train", limit: int | None = None) -> datasets.Dataset:
         """Abstracts. ``source``: a local file with ``abstract`` (a string) or ``abstract_text`` (a list of
-        sentences), or a hub id; None means ``OpenMLRL/arXiv_abstract``."""
+        sentences), or a hub id (``OpenMLRL/arXiv_abstract``). None reads the 200 abstracts shipped with the
+        package (split ``train``, :mod:`.packaged`), never the network; the source used is logged at INFO."""
 
         def normalize(row: dict, i: int) -> dict:
             abstract = text_field(row, "abstract", "abstract_text").strip()
@@ -338,10 +346,12 @@ class ArxivEnv(WritingEnv):
             return {"abstract": abstract, "article_id": str(row.get("article_id") or row.get("id") or i)}
 
         return load_rows(
-            source if source is not None else self.hub_id,
+            source,
             split=split,
             limit=limit,
             required=[("abstract", "abstract_text")],
             normalize=normalize,
+            default=PACKAGED[self.name].rows,
+            default_label=PACKAGED[self.name].label,
             env_name=self.name,
         )

@@ -115,16 +115,14 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _build_optimizers(self) -> None:
         self.critics: list[Critic] = []
-        updates = self.total_steps // self.args.gradient_accumulation_steps + 1
+        updates = self.total_steps  # one critic update per optimizer step
         agents = {a.index: a for a in self.agents}
         for backbone, tok, r in self.critics_spec:
             agent = agents.get(0 if r is None else r)  # None: the centralized critic on a rank without agent 0
             with seeded(derive_seed(self.args.seed, "critic head", 0 if r is None else r)):  # as in one process
                 model = ValueModel(agent.model, detach_backbone=True) if backbone is None else ValueModel(backbone)
             model.to(self.device)
-            tok = tok or agent.tokenizer
-            if tok.pad_token_id is None:
-                tok.pad_token = tok.eos_token
+            tok = load_tokenizer(tok) if tok is not None else agent.tokenizer
             opt, sched = build_optimizer(model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates)
             self.critics.append(Critic(model, tok, opt, sched, r, agent.adapter if backbone is None else None))
         del self.critics_spec
@@ -212,7 +210,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         outs = []
         with active_adapter(critic.model.backbone, critic.adapter):
             for lo in range(0, ids.shape[0], chunk):
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                with self.autocast():
                     outs.append(critic.model(ids[lo:lo + chunk].to(self.device), mask[lo:lo + chunk].to(self.device)))
         return torch.cat(outs)
 

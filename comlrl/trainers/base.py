@@ -6,6 +6,7 @@ MAGRPO, MAREINFORCE, MARLOO and MAREMAX are this loop with a different baseline 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -25,11 +26,11 @@ from ..rollout import GenerationSettings, completion_logprobs, team_completion_l
 from ..sampling import derive_seed
 from .. import checkpoint
 from ..tracking import Tracker
-from .episode import Episode, episode_advantages, root_nodes, run_episode
+from .episode import Episode, check_transition, episode_advantages, root_nodes, run_episode
 from ..team import active_adapter, adapter_parameters, build_lora_team, can_route, reference_mode, trainable
-from .setup import (Agent, apply_formatter, build_formatters, build_models, build_optimizer, build_tokenizers,
-                    chat_flags, limit_heap_fragmentation, release_freed_memory, resolve_device, set_seed,
-                    source_groups, team_sources)
+from .setup import (Agent, apply_formatter, build_formatters, check_batch_size, build_models, build_optimizer, build_tokenizers,
+                    chat_flags, default_bf16, disable_dropout, limit_heap_fragmentation, native_bf16, release_freed_memory,
+                    resolve_device, set_seed, source_groups, team_sources)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class MultiAgentTrainer:
         reward_processor: float -> float applied to each team reward.
         formatters: one callable per agent (or one shared), dataset row -> prompt str.
         args: the trainer's config dataclass.
-        external_transition: next prompts per agent for multi-turn training (see :mod:`.episode`).
+        external_transition: next prompts per agent for multi-turn training (contract:
+            :func:`comlrl.trainers.episode.transition`).
         eval_reward_func: reward for evaluate() (default: reward_func).
     """
 
@@ -63,7 +65,8 @@ class MultiAgentTrainer:
         reward_processor: Callable | None = None, external_transition: Callable | None = None,
         eval_reward_func: Callable | None = None, peft_config: Any = None,
     ) -> None:
-        self.args = args if args is not None else self.config_class()
+        # a copy: resolving defaults (bf16) and per-rank settings never changes the caller's config
+        self.args = copy.deepcopy(args) if args is not None else self.config_class()
         self._check_args()
         if model is not None and agent_model is not None and model is not agent_model:
             raise ConfigError("model= and agent_model= are the same argument; pass only one.")
@@ -76,6 +79,8 @@ class MultiAgentTrainer:
             raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
         if self.args.num_turns > 1 and external_transition is None:
             raise ConfigError(f"num_turns={self.args.num_turns} needs external_transition= to build later turns' prompts.")
+        if external_transition is not None:
+            check_transition(external_transition)
         set_seed(self.args.seed)
         sources = team_sources(model, agents, num_agents, formatters)
         self.num_agents = len(sources)
@@ -84,6 +89,9 @@ class MultiAgentTrainer:
         if self.dist is not None and not self.supports_distributed:
             raise ConfigError(f"{type(self).__name__} does not run under torchrun yet; launch it as one process.")
         self.device = self.dist.device if self.dist else resolve_device(self.args.device)
+        if self.args.bf16 is None:
+            self.args.bf16 = default_bf16(self.device)
+            log.info("bf16=None -> %s on %s (native bf16: %s)", self.args.bf16, self.device, native_bf16(self.device))
         if self.device.type == "cpu":
             limit_heap_fragmentation(self.args.malloc_mmap_threshold_kb)
         self.reward_func, self.reward_processor = reward_func, reward_processor
@@ -118,21 +126,26 @@ class MultiAgentTrainer:
                 if adapter is not None:
                     m.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grad inputs
             m.to(self.device)
+            if self.args.disable_dropout:
+                disable_dropout(m)
             self.agents.append(Agent(i, m, tok, fmt, chat, adapter=adapter, params=adapter_parameters(m, adapter)))
         self._check_dataset(train_dataset, "train_dataset")
-        self.total_steps = self._total_steps()
-        updates = math.ceil(self.total_steps / self.args.gradient_accumulation_steps) * self.args.num_iterations
+        if train_dataset is not None:
+            check_batch_size(len(train_dataset), self.args.per_device_train_batch_size)
+        self.total_steps = math.ceil(self._epoch_rollouts() / self.args.gradient_accumulation_steps)  # optimizer steps
+        updates = self.total_steps * self.args.num_iterations
         for a in self.agents:
             a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
             if self.args.beta > 0 and a.adapter is None:
                 a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
-        self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+        # step: optimizer steps taken (TRL's global step); rollouts: rollout batches sampled
+        self.state = {"step": 0, "rollouts": 0, "epoch": 0, "batch_in_epoch": 0}
         self.history: list[dict] = []
-        self._buffer: list[tuple[Episode, list[list[torch.Tensor]]]] = []
-        self.tracker: Tracker | None = None  # metrics.jsonl + report_to sinks, opened on first log
+        self.tracker: Tracker | None = None  # metrics.jsonl + report_to sinks, opened by train()
+        self._owns_tracker = False
         if self.dist is not None and not self.dist.is_main:
             self.tracker = distributed.NullTracker()  # metrics are written once, by rank 0
-            self.args.disable_tqdm = True  # one progress bar per job
+            self.args.disable_tqdm = True  # one progress bar per job (this trainer's copy of the args)
 
     # ------------------------------------------------------------------ setup helpers
     def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
@@ -157,9 +170,19 @@ class MultiAgentTrainer:
         for i, fmt in enumerate(self.formatters):
             apply_formatter(fmt, row, i, 0, getattr(dataset, "column_names", None))
 
-    def _total_steps(self) -> int:
+    @property
+    def total_rollouts(self) -> int:
+        """Rollout batches of the run: ``total_steps`` optimizer steps of ``gradient_accumulation_steps`` rollouts
+        each, or with epochs (``max_steps`` <= 0) the batches of ``num_train_epochs`` passes over the data, the last
+        optimizer step taking what is left."""
         if self.args.max_steps > 0:
-            return self.args.max_steps
+            return self.total_steps * self.args.gradient_accumulation_steps
+        return self._epoch_rollouts()
+
+    def _epoch_rollouts(self) -> int:
+        """Rollout batches of ``max_steps`` optimizer steps, or of ``num_train_epochs`` passes over the data."""
+        if self.args.max_steps > 0:
+            return self.args.max_steps * self.args.gradient_accumulation_steps
         if self.train_dataset is None:
             return 0
         per_epoch = math.ceil(len(self.train_dataset) / self.args.per_device_train_batch_size)
@@ -169,13 +192,19 @@ class MultiAgentTrainer:
         a = self.args
         if train:
             return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length,
-                                      a.fast_generation, a.concurrent_rollout, logprobs=self.corrects_rollout)
+                                      a.fast_generation, a.concurrent_rollout, logprobs=self.corrects_rollout,
+                                      repetition_penalty=a.repetition_penalty)
         return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k,
-                                  a.max_prompt_length, a.fast_generation, a.concurrent_rollout)
+                                  a.max_prompt_length, a.fast_generation, a.concurrent_rollout,
+                                  repetition_penalty=a.repetition_penalty)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         return torch.bfloat16 if self.args.bf16 else None
+
+    def autocast(self) -> torch.autocast:
+        """The training forward's autocast context: bf16 when ``args.bf16``, else disabled."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bool(self.args.bf16))
 
     @property
     def rollout_dtype(self) -> torch.dtype | None:
@@ -210,23 +239,33 @@ class MultiAgentTrainer:
             self.state["batch_in_epoch"] = 0
 
     # ------------------------------------------------------------------ the loop
-    def train(self, resume_from_checkpoint: str | None = None) -> dict[str, Any]:
-        """Train for ``max_steps`` (or the epochs given); returns the final metrics and the history.
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, Any]:
+        """Train for ``max_steps`` optimizer steps (or the epochs given).
 
-        ``resume_from_checkpoint``: a ``checkpoint-<step>`` directory to continue from (see :mod:`comlrl.checkpoint`).
+        Returns ``{"metrics": the last step's metrics, "history": every step's metrics}``.
+        ``resume_from_checkpoint``: a ``checkpoint-<step>`` directory to continue from, or True for the latest
+        checkpoint in ``output_dir`` (see :mod:`comlrl.checkpoint`). The metric sinks the run opened (W&B,
+        TensorBoard, metrics.jsonl) are closed when it returns.
         """
         if self.train_dataset is None:
             raise ConfigError("train() needs train_dataset=.")
-        if resume_from_checkpoint is not None:
-            self.load_checkpoint(resume_from_checkpoint)
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = checkpoint.latest_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ConfigError(f"train(resume_from_checkpoint=True): no checkpoint in output_dir "
+                                  f"'{self.args.output_dir}'.")
+        resuming = resume_from_checkpoint not in (None, False)
+        if resuming:
+            self.load_checkpoint(str(resume_from_checkpoint))
+        if self.tracker is None:  # before training: a directory holding another run's metrics is refused here
+            self.tracker = self._make_tracker(resume=resuming or self.state["step"] > 0)
         if self.state["step"] == 0:
             set_seed(self.args.seed)
         batches = self._batches()
         bar = tqdm(total=self.total_steps, initial=self.state["step"], desc="train", disable=self.args.disable_tqdm)
         metrics: dict[str, Any] = {}
         while self.state["step"] < self.total_steps:
-            rows, ids = next(batches)
-            metrics = self.training_step(rows, ids)
+            metrics = self.training_step(batches)
             self.state["step"] += 1
             metrics["step"] = self.state["step"]
             self.history.append(metrics)
@@ -234,24 +273,29 @@ class MultiAgentTrainer:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         bar.close()
+        if self._owns_tracker:  # a tracker set from outside (the CLI's) is its owner's to close
+            self.tracker.close()
         return {"metrics": metrics, "history": self.history}
 
     def on_step_end(self, metrics: dict[str, Any]) -> None:
         """Hook after each step: evaluate, log metrics (metrics.jsonl + report_to sinks), checkpoint."""
         step, a = metrics["step"], self.args
         if self.tracker is None:
-            self.tracker = Tracker(a.output_dir, a.report_to)
+            self.tracker = self._make_tracker(resume=step > 1)
         if a.eval_steps and self.eval_dataset is not None and step % a.eval_steps == 0:
             metrics.update(self.evaluate())
             self.tracker.log_samples(self.last_eval_samples, step)
         if a.logging_steps and step % a.logging_steps == 0:
             self.tracker.log(metrics, step)
         if a.save_steps and step % a.save_steps == 0:
-            if self._buffer:  # mid-accumulation: the buffered rollouts are not saved, so neither is this step
-                log.warning("step %d: no checkpoint in the middle of gradient accumulation; make save_steps a "
-                            "multiple of gradient_accumulation_steps=%d", step, a.gradient_accumulation_steps)
-            else:
-                self.save_checkpoint()
+            self.save_checkpoint()
+
+    def _make_tracker(self, resume: bool) -> Tracker:
+        """The run's metric sinks in ``output_dir``; ``resume``: continue the metrics already there."""
+        a = self.args
+        self._owns_tracker = True
+        return Tracker(a.output_dir, a.report_to, config=a.to_dict(), trainer=type(self).__name__,
+                       overwrite=a.overwrite_output_dir, resume=resume)
 
     def save_checkpoint(self, output_dir: str | None = None) -> Path:
         """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""
@@ -266,23 +310,27 @@ class MultiAgentTrainer:
             return
         checkpoint.load_checkpoint(self, path)
 
-    def training_step(self, rows: list[dict], row_ids: list[int]) -> dict[str, Any]:
-        """Roll out one batch, compute advantages, and update the agents every gradient_accumulation_steps."""
+    def training_step(self, batches: Iterator[tuple[list[dict], list[int]]]) -> dict[str, Any]:
+        """One optimizer step: ``gradient_accumulation_steps`` rollouts of batches from ``batches`` (fewer when the
+        run's last rollouts run out), their advantages, then the update. Rollout metrics are averaged over the
+        rollouts (timings summed)."""
         a = self.args
-        episode = self.rollout(rows, row_ids, self.generation_settings(train=True), a.num_generations, self.reward_func,
-                               seed=derive_seed(a.seed, "train", self.state["step"]))
-        metrics = self.episode_metrics(episode)
-        adv = self.compute_advantages(episode, metrics)
-        self._buffer.append((episode, adv))
-        if len(self._buffer) == a.gradient_accumulation_steps:
-            # the rollout's freed weight copies and KV cache (~0.3 GB for 2 fp32 agents) would stay resident under
-            # the loss pass's peak
-            if self.args.release_memory:
-                release_freed_memory()
-            start = time.perf_counter()
-            metrics.update(self.optimize(self._buffer))
-            metrics["time/update"] = time.perf_counter() - start
-            self._buffer = []
+        buffer, per_rollout = [], []
+        while len(buffer) < a.gradient_accumulation_steps and self.state["rollouts"] < self.total_rollouts:
+            rows, ids = next(batches)
+            episode = self.rollout(rows, ids, self.generation_settings(train=True), a.num_generations, self.reward_func,
+                                   seed=derive_seed(a.seed, "train", self.state["rollouts"]))
+            self.state["rollouts"] += 1
+            per_rollout.append(self.episode_metrics(episode))
+            buffer.append((episode, self.compute_advantages(episode, per_rollout[-1])))
+        metrics = mean_metrics(per_rollout)
+        # the rollout's freed weight copies and KV cache (~0.3 GB for 2 fp32 agents) would stay resident under the
+        # loss pass's peak
+        if self.args.release_memory:
+            release_freed_memory()
+        start = time.perf_counter()
+        metrics.update(self.optimize(buffer))
+        metrics["time/update"] = time.perf_counter() - start
         return metrics
 
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
@@ -320,10 +368,11 @@ class MultiAgentTrainer:
             data = {}  # agent index -> (batches, weights, old log-prob cache)
             for agent in group:
                 batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
-                weights = loss_weights([s.completion_mask for s, _ in batches], self.args.loss_type)
+                weights = self.token_weights(buffer, [s for s, _ in batches])
                 if self.dist is not None:  # data parallel: this replica's rows; the weights keep the whole step's normalizer
                     batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
                 data[agent.index] = (batches, weights, {})
+            per_iteration: list[dict[int, dict[str, float]]] = []
             for it in range(self.args.num_iterations):
                 start = time.perf_counter()
                 if len(group) > 1:
@@ -336,11 +385,11 @@ class MultiAgentTrainer:
                 norms = {a.index: self._optimizer_step(a) for a in group}
                 metrics["time/loss"] += mid - start
                 metrics["time/optimizer"] += time.perf_counter() - mid
-                if it == 0:
-                    first = {i: dict(sums[i], grad_norm=norms[i]) for i in sums}
+                per_iteration.append({i: dict(sums[i], grad_norm=norms[i]) for i in sums})
             for agent in group:
                 pre = f"agent/{agent.index}/"
-                metrics.update({pre + "policy/" + k: float(v) for k, v in first[agent.index].items()})
+                metrics.update({pre + "policy/" + k: v for k, v in iteration_metrics(
+                    [m[agent.index] for m in per_iteration]).items()})
                 metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
         # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
         # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
@@ -348,6 +397,22 @@ class MultiAgentTrainer:
         if self.args.release_memory:
             release_freed_memory()
         return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
+
+    def token_weights(self, buffer: list[tuple[Episode, Any]], samples: list[Any]) -> list[torch.Tensor]:
+        """Loss weights of one agent's batches of a step (one per buffered rollout and turn, in that order): the
+        ``loss_type`` normalization, within each turn with ``turn_weighting='turns'``, within each rollout for bnpo;
+        truncated completions weigh 0 with ``mask_truncated_completions``."""
+        a = self.args
+        keys = [(r, t) for r, (ep, _) in enumerate(buffer) for t in range(len(ep.turns))]
+        masks = [s.completion_mask for s in samples]
+        if a.mask_truncated_completions:
+            masks = [m * ~s.truncated[:, None] for m, s in zip(masks, samples)]
+        per_turn = a.turn_weighting == "turns"
+        by_rollout = a.loss_type == "bnpo"
+        groups = None
+        if per_turn or by_rollout:
+            groups = [((r if by_rollout else None), (t if per_turn else None)) for r, t in keys]
+        return loss_weights(masks, a.loss_type, groups, a.max_new_tokens)
 
     def _update_groups(self) -> list[list[Agent]]:
         """Agents whose losses run in one forward: with ``team_lora_forward``, up to that many agents of a LoRA team on
@@ -378,8 +443,8 @@ class MultiAgentTrainer:
             sums: dict[str, float] = {}
             for b, lo, sl in self._chunks(batches):
                 tensors = self._chunk_tensors(batches[b][0], sl)
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                    logp = completion_logprobs(agent.model, *tensors)
+                with self.autocast():
+                    logp = completion_logprobs(agent.model, *tensors, temperature=self.args.temperature)
                 self._chunk_loss(agent, logp, tensors, batches[b][1][sl], weights[b][sl],
                                  self._rollout_logp(batches[b][0], sl), cache, (b, lo), iteration, sums).backward()
             return sums
@@ -396,8 +461,8 @@ class MultiAgentTrainer:
         with trainable([p for a in group for p in a.params]):  # PEFT freezes the adapters that are not active
             for b, lo, sl in self._chunks(data[group[0].index][0]):
                 parts = [self._chunk_tensors(data[a.index][0][b][0], sl) for a in group]
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                    logps = team_completion_logprobs(model, [a.adapter for a in group], parts)
+                with self.autocast():
+                    logps = team_completion_logprobs(model, [a.adapter for a in group], parts, self.args.temperature)
                 total = sum(self._chunk_loss(a, logp, tensors, data[a.index][0][b][1][sl], data[a.index][1][b][sl],
                                              self._rollout_logp(data[a.index][0][b][0], sl), data[a.index][2], (b, lo),
                                              iteration, sums[a.index])
@@ -434,7 +499,7 @@ class MultiAgentTrainer:
             cache[key] = logp.detach()
         ref = self._ref_logprobs(agent, tensors, cache, key)
         loss, m = policy_loss(logp, cache[key], adv.to(self.device), weights.to(self.device), self.args.epsilon, ref,
-                              self.args.beta, rollout_logp, self.args.rollout_is_cap)
+                              self.args.beta, rollout_logp, self.args.rollout_is_cap, self.args.epsilon_high)
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         return loss
@@ -447,8 +512,8 @@ class MultiAgentTrainer:
         if rkey not in cache:
             ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
             model = agent.model if agent.adapter is not None else agent.ref_model
-            with torch.no_grad(), ctx, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                cache[rkey] = completion_logprobs(model, *tensors)
+            with torch.no_grad(), ctx, self.autocast():
+                cache[rkey] = completion_logprobs(model, *tensors, temperature=self.args.temperature)
         return cache[rkey]
 
     def _optimizer_step(self, agent: Agent) -> float:
@@ -495,12 +560,17 @@ class MultiAgentTrainer:
 
     # ------------------------------------------------------------------ evaluation and saving
     @torch.no_grad()
-    def evaluate(self, dataset: Any = None, do_sample: bool | None = None, num_generations: int | None = None,
-                 max_rows: int | None = None, batch_size: int = 8) -> dict[str, float]:
-        """Team reward on ``dataset`` (default eval_dataset): greedy unless eval_do_sample / do_sample says so."""
-        dataset = dataset if dataset is not None else self.eval_dataset
+    def evaluate(self, eval_dataset: Any = None, do_sample: bool | None = None, num_generations: int | None = None,
+                 max_rows: int | None = None, batch_size: int | None = None, *, dataset: Any = None) -> dict[str, float]:
+        """Team reward on ``eval_dataset`` (default: the trainer's eval_dataset), greedy unless eval_do_sample /
+        ``do_sample`` says so, ``batch_size`` rows per rollout (default ``per_device_eval_batch_size``).
+        ``dataset``: the former name of ``eval_dataset``."""
+        if eval_dataset is not None and dataset is not None and eval_dataset is not dataset:
+            raise ConfigError("evaluate(): eval_dataset= and dataset= are the same argument; pass only one.")
+        dataset = next((d for d in (eval_dataset, dataset, self.eval_dataset) if d is not None), None)
         if dataset is None:
-            raise ConfigError("evaluate() needs eval_dataset= (at construction) or dataset=.")
+            raise ConfigError("evaluate() needs eval_dataset= (here or at construction).")
+        batch_size = batch_size or self.args.per_device_eval_batch_size
         settings = self.generation_settings(train=False)
         if do_sample is not None:
             settings.do_sample = do_sample
@@ -556,3 +626,23 @@ class MultiAgentTrainer:
             (root / "comlrl_config.json").write_text(json.dumps({"trainer": type(self).__name__, "num_agents": self.num_agents,
                                                                  "args": self.args.to_dict()}, indent=2, default=str))
         return paths
+
+
+def mean_metrics(per_rollout: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from its rollouts' metrics: the mean of each key over the rollouts that have it; timings
+    (``time/*``) summed."""
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(k for m in per_rollout for k in m):
+        values = [m[key] for m in per_rollout if key in m]
+        out[key] = sum(values) if key.startswith("time/") else sum(values) / len(values)
+    return out
+
+
+def iteration_metrics(per_iteration: list[dict[str, float]]) -> dict[str, float]:
+    """An update's policy metrics from its ``num_iterations`` passes: the mean over the passes of each metric (the
+    first pass has ratio 1 exactly, so its clip fraction and KL to the old policy are 0), and ``approx_kl_old_last``:
+    the last pass's KL to the policy that sampled."""
+    out = {k: sum(float(m[k]) for m in per_iteration) / len(per_iteration) for k in per_iteration[0]}
+    if len(per_iteration) > 1 and "approx_kl_old" in per_iteration[-1]:
+        out["approx_kl_old_last"] = float(per_iteration[-1]["approx_kl_old"])
+    return out

@@ -9,6 +9,7 @@ G^N children: turn t holds (G^N)^t nodes per dataset row.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..advantages import compute_advantages, cross_credit, tree_returns
+from ..advantages import compute_advantages, cross_credit, joint_mode_name, tree_returns
+from ..config import suggest
 from ..errors import TransitionError
 from ..rewards import accepted_kwargs, compute_rewards
 from ..rollout import GenerationRequest, GenerationSettings, Samples, generate_concurrently
@@ -53,8 +55,9 @@ class Episode:
 
 
 def joint_indices(num_agents: int, g: int, mode: str) -> list[tuple[int, ...]]:
-    """Sample index of each agent in each joint action of one node."""
-    if mode == "align":
+    """Sample index of each agent in each joint action of one node (``mode``: a name of
+    :data:`comlrl.advantages.JOINT_MODES`)."""
+    if joint_mode_name(mode) == "align":
         return [(k,) * num_agents for k in range(g)]
     return list(itertools.product(range(g), repeat=num_agents))
 
@@ -182,10 +185,58 @@ def own_width(s: Samples) -> Samples:
     return s.select(slice(None), slice(first, None), slice(None, last))
 
 
+TRANSITION_KWARGS = ("prompt", "prompts", "agent_completions", "num_agents", "prompt_history_per_agent",
+                     "response_history_per_agent", "batch_item", "turn")
+TRANSITION_EXAMPLE = (
+    "def external_transition(prompts, agent_completions, **kwargs):\n"
+    "    return [f'{p}\\n\\nYour previous answer:\\n{c}\\n\\nImprove it.' for p, c in zip(prompts, agent_completions)]"
+)
+
+
+def check_transition(fn: Callable) -> None:
+    """Fail unless ``fn`` can be called the way :func:`transition` calls it: every parameter without a default is
+    one of :data:`TRANSITION_KWARGS` and can be passed by keyword. The error lists the valid names and an example."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables: nothing to check
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [p for p in signature.parameters.values() if p.default is p.empty and (
+        p.kind is p.POSITIONAL_ONLY or p.kind in named and p.name not in TRANSITION_KWARGS)]
+    if missing:
+        hints = "".join(suggest(p.name, list(TRANSITION_KWARGS)) for p in missing if p.kind is not p.POSITIONAL_ONLY)
+        raise TransitionError(
+            f"external_transition{signature} requires {', '.join(repr(p.name) for p in missing)}, which comlrl does "
+            f"not pass.{hints} It is called with keyword arguments only, each one it names among: "
+            f"{', '.join(TRANSITION_KWARGS)} (all of them if it takes **kwargs); it must return the next prompt of "
+            f"each agent, a list of num_agents strings. For example:\n{TRANSITION_EXAMPLE}"
+        )
+
+
 def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -> Node:
-    """The child node after a joint action: next prompts from ``external_transition``."""
+    """The child node after a joint action: each agent's next prompt from ``external_transition``.
+
+    Contract of ``external_transition``: it is called with keyword arguments only, and only those it names (or all,
+    if it takes ``**kwargs``); parameters with other names must have defaults (else :func:`check_transition` fails):
+
+    - ``prompt`` (str): agent 0's prompt of the turn just played;
+    - ``prompts`` (list[str]): every agent's prompt of that turn;
+    - ``agent_completions`` (list[str]): every agent's completion in this joint action;
+    - ``num_agents`` (int);
+    - ``prompt_history_per_agent`` (list[list[str]]): each agent's prompts so far, oldest first;
+    - ``response_history_per_agent`` (list[list[str]]): each agent's completions so far, this one last;
+    - ``batch_item`` (dict): the dataset row of the episode;
+    - ``turn`` (int): the 1-based number of the turn just played (the next prompts are for turn + 1).
+
+    It returns the next prompt of each agent: a list of ``num_agents`` strings, in agent order. Example::
+
+        def external_transition(prompts, agent_completions, **kwargs):
+            return [f"{p}\\n\\nYour previous answer:\\n{c}\\n\\nImprove it."
+                    for p, c in zip(prompts, agent_completions)]
+    """
     if fn is None:
         raise TransitionError("num_turns > 1 needs external_transition= to build the next turn's prompts.")
+    check_transition(fn)
     n = len(answers)
     resp_hist = [h + [a] for h, a in zip(node.response_history, answers)]
     candidates = {
@@ -212,7 +263,7 @@ def episode_advantages(
     """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples."""
     rewards = [t.rewards if reward_clip is None else t.rewards.clamp(-reward_clip, reward_clip) for t in episode.turns]
     returns = tree_returns(rewards, [t.children for t in episode.turns], discount)  # (M_t, J) per turn
-    if joint_mode == "cross":  # each sample's credit: the mean return of the G^(N-1) joint actions that contain it
+    if joint_mode_name(joint_mode) == "cross":  # a sample's credit: the mean return of the joint actions with it
         joint = [r.view(r.shape[0], *([num_generations] * num_agents)) for r in returns]  # (M_t, G, ..., G)
         return [[compute_advantages(cross_credit(j, i), mode, scale).reshape(-1) for j in joint]
                 for i in range(num_agents)]

@@ -23,7 +23,14 @@ class MAREINFORCETrainer(MultiAgentTrainer):
 
 
 class MARLOOTrainer(MultiAgentTrainer):
-    """Multi-agent RLOO: leave-one-out mean baseline."""
+    """Multi-agent RLOO: leave-one-out mean baseline.
+
+    R_g - mean of the other G-1 returns = G/(G-1) (R_g - group mean): MARLOO's advantages are MAGRPO's times
+    G/(G-1), the same direction. Under Adam (the default optimizer), which is invariant to a constant gradient scale
+    up to its epsilon, the two train almost alike. They differ under SGD (the step is G/(G-1) longer), with a KL
+    penalty (beta > 0: the KL term weighs relatively less in MARLOO), and when max_grad_norm clips one run's
+    gradients but not the other's.
+    """
 
     config_class = MARLOOConfig
     fixed_advantage_mode = "loo"
@@ -36,5 +43,9 @@ class MAReMaxTrainer(MultiAgentTrainer):
     fixed_advantage_mode = "max"
 
 
+# the spec's spelling
+MAREMAXTrainer = MAReMaxTrainer
+MAREMAXConfig = MAReMaxConfig
+
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig",
-           "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer"]
+           "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer", "MAREMAXConfig", "MAREMAXTrainer"]

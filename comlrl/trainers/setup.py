@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -13,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from ..errors import ConfigError, FormatterError
-from ..models import check_vocab, copy_model, load_model, load_tokenizer
+from ..models import check_vocab, copy_model, load_model, load_tokenizer, mark_shared
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,14 @@ def build_tokenizers(tokenizer: Any, sources: list, indices: Sequence[int] | Non
     if isinstance(tokenizer, (list, tuple)):
         if len(tokenizer) != n:
             raise ConfigError(f"tokenizer= has {len(tokenizer)} entries for {n} agents.")
-        return [load_tokenizer(tokenizer[i]) for i in idx]
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-        return [tok] * len(idx)
-    return [load_tokenizer(sources[i]) for i in idx]
+        toks = [load_tokenizer(tokenizer[i]) for i in idx]
+    elif tokenizer is not None:
+        toks = [load_tokenizer(tokenizer)] * len(idx)
+    else:
+        toks = [load_tokenizer(sources[i]) for i in idx]
+    for tok in toks:  # check_vocab then asks for one tokenizer per agent when a shared one does not fit a model
+        mark_shared(tok, n if tokenizer is not None and not isinstance(tokenizer, (list, tuple)) else 1)
+    return toks
 
 
 def build_formatters(formatters: Any, n: int) -> list[Formatter]:
@@ -139,6 +143,16 @@ def apply_formatter(fmt: Formatter, row: dict, agent: int, row_id: int, columns:
     if not isinstance(text, str):
         raise FormatterError(f"formatter of agent {agent} returned {type(text).__name__} on dataset row {row_id}; it must return a str.")
     return text
+
+
+def check_batch_size(dataset_len: int, batch_size: int, name: str = "train_dataset") -> None:
+    """Warn when ``per_device_train_batch_size`` exceeds the dataset: each step then holds every row once, fewer
+    than asked for (the batches are slices of one epoch's order), which changes the effective batch silently."""
+    if 0 < dataset_len < batch_size:
+        log.warning(
+            "per_device_train_batch_size=%d is larger than %s (%d rows): each step uses only those %d rows. Set "
+            "per_device_train_batch_size <= %d, or add rows.", batch_size, name, dataset_len, dataset_len, dataset_len,
+        )
 
 
 def chat_flags(value: bool | list, n: int) -> list[bool]:
@@ -208,3 +222,31 @@ def release_freed_memory() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def default_bf16(device: torch.device) -> bool:
+    """The value of ``bf16=None``: ``$COMLRL_BF16`` ('1' / '0') when set, else :func:`native_bf16`."""
+    forced = os.environ.get("COMLRL_BF16", "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ConfigError(f"COMLRL_BF16={forced!r}: must be '1' or '0' (or unset to detect).")
+        return forced == "1"
+    return native_bf16(device)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA device with bf16 support, or a CPU with AVX512-BF16 or
+    AMX (elsewhere bf16 is emulated, slower than fp32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return False
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set the probability of every dropout layer of ``model`` to 0."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up, print the GPU environment, and run the checks that need a GPU (tests/test_cuda.py, marker `cuda`).
+# On a machine without CUDA every test skips with its reason and this exits 0. Extra arguments go to pytest;
+# COMLRL_TEST_DEVICE=cpu runs the same checks on CPU (the NCCL one still skips).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh  # keeps an installed torch (e.g. a CUDA build); installs the CPU pin only if torch is missing
+. .venv/bin/activate
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L || true
+else
+  echo "nvidia-smi: not found"
+fi
+python - <<'EOF'
+import torch
+
+cuda = torch.cuda.is_available()
+print(f"torch {torch.__version__}, built for CUDA {torch.version.cuda}")
+print(f"cuda available: {cuda}, device count: {torch.cuda.device_count() if cuda else 0}")
+if cuda:
+    print(f"bf16 supported: {torch.cuda.is_bf16_supported()}")
+    for i in range(torch.cuda.device_count()):
+        print(f"  cuda:{i}: {torch.cuda.get_device_name(i)}")
+EOF
+python -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py "$@"
