@@ -33,16 +33,31 @@ WORKER = ROOT / "tests" / "dist_worker.py"
 
 def run(nproc: int, threads: int, spec: dict, out: Path) -> dict[str, float]:
     """Median per-step times of one job (rank 0's view)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads),
-           "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(threads),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     if nproc == 1:
         # dist_worker pins one thread (as torchrun's workers); give the single process every core instead
-        code = (f"import json, sys, torch; sys.path.insert(0, {str(WORKER.parent)!r}); import dist_worker; "
-                f"torch.set_num_threads({threads}); dist_worker.run(sys.argv[1], json.loads(sys.argv[2]))")
+        code = (
+            f"import json, sys, torch; sys.path.insert(0, {str(WORKER.parent)!r}); import dist_worker; "
+            f"torch.set_num_threads({threads}); dist_worker.run(sys.argv[1], json.loads(sys.argv[2]))"
+        )
         cmd = [sys.executable, "-c", code, str(out), json.dumps(spec)]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(WORKER),
-               str(out), json.dumps(spec)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(WORKER),
+            str(out),
+            json.dumps(spec),
+        ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -59,30 +74,53 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--dp", action="store_true", help="also 4 processes: 2 agents x 2 replicas (oversubscribes 2 cores)")
-    ap.add_argument("--trainer", choices=("magrpo", "iac", "maac"), default="magrpo",
-                    help="iac / maac: a separate critic per agent / one centralized critic (a copy of the actor model)")
+    ap.add_argument(
+        "--dp", action="store_true", help="also 4 processes: 2 agents x 2 replicas (oversubscribes 2 cores)"
+    )
+    ap.add_argument(
+        "--trainer",
+        choices=("magrpo", "iac", "maac"),
+        default="magrpo",
+        help="iac / maac: a separate critic per agent / one centralized critic (a copy of the actor model)",
+    )
     a = ap.parse_args()
     cores = os.cpu_count() or 1
-    spec = {"max_steps": a.steps, "max_new_tokens": a.new_tokens, "num_generations": 4, "per_device_train_batch_size": 4,
-            "save_steps": 0, "logging_steps": 0, "model": {"hidden": a.hidden, "layers": a.layers}, "trainer": a.trainer}
-    variants = [("1 process, both agents", 1, 1), ("1 process, both agents", 1, cores),
-                ("torchrun 2 procs, agent parallel", 2, 1)]
+    spec = {
+        "max_steps": a.steps,
+        "max_new_tokens": a.new_tokens,
+        "num_generations": 4,
+        "per_device_train_batch_size": 4,
+        "save_steps": 0,
+        "logging_steps": 0,
+        "model": {"hidden": a.hidden, "layers": a.layers},
+        "trainer": a.trainer,
+    }
+    variants = [
+        ("1 process, both agents", 1, 1),
+        ("1 process, both agents", 1, cores),
+        ("torchrun 2 procs, agent parallel", 2, 1),
+    ]
     if a.dp:
         variants.append(("torchrun 4 procs, 2 agents x 2 replicas", 4, max(cores // 4, 1)))
-    print(f"{a.trainer}: team of 2 random Llama agents ({a.layers} layers, hidden {a.hidden}), 4 prompts x 4 samples, "
-          f"up to {a.new_tokens} new tokens, {cores} CPU cores (load average {os.getloadavg()[0]:.1f}), "
-          f"median over steps 2..{a.steps}")
-    print(f"{'variant':<42}{'threads/proc':>13}{'step s':>9}{'generate':>10}{'loss':>8}{'optim':>8}{'critic':>8}"
-          f"{'job wall s':>12}")
+    print(
+        f"{a.trainer}: team of 2 random Llama agents ({a.layers} layers, hidden {a.hidden}), 4 prompts x 4 samples, "
+        f"up to {a.new_tokens} new tokens, {cores} CPU cores (load average {os.getloadavg()[0]:.1f}), "
+        f"median over steps 2..{a.steps}"
+    )
+    print(
+        f"{'variant':<42}{'threads/proc':>13}{'step s':>9}{'generate':>10}{'loss':>8}{'optim':>8}{'critic':>8}"
+        f"{'job wall s':>12}"
+    )
     base = None
     with tempfile.TemporaryDirectory() as tmp:
         for name, nproc, threads in variants:
             t = run(nproc, threads, spec, Path(tmp) / f"n{nproc}")
             base = base or t["time/step"]
-            print(f"{name:<42}{threads:>13}{t['time/step']:>9.3f}{t['time/generate']:>10.3f}{t['time/loss']:>8.3f}"
-                  f"{t['time/optimizer']:>8.3f}{t['time/critic_update']:>8.3f}{t['wall']:>12.1f}"
-                  f"   x{base / t['time/step']:.2f}")
+            print(
+                f"{name:<42}{threads:>13}{t['time/step']:>9.3f}{t['time/generate']:>10.3f}{t['time/loss']:>8.3f}"
+                f"{t['time/optimizer']:>8.3f}{t['time/critic_update']:>8.3f}{t['wall']:>12.1f}"
+                f"   x{base / t['time/step']:.2f}"
+            )
     print(f"(load average after: {os.getloadavg()[0]:.1f}; x = speed-up over the first row)")
 
 

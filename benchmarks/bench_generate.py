@@ -1,4 +1,4 @@
-"""Rollout throughput: HF ``model.generate`` vs ``comlrl.fastgen.fast_generate`` on the embedded SmolLM2-135M.
+"""Rollout throughput: HF ``model.generate`` vs ``comlrl.accel.fastgen.fast_generate`` on the embedded SmolLM2-135M.
 
 Batch 16 = 4 chat prompts (~40 tokens, TL;DR posts) x 4 samples, temperature 1.0, top_p 1.0, 64 new tokens.
 Variants are interleaved round by round so that load from other processes hits them alike; the best and median
@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from comlrl.fastgen import fast_generate
-from comlrl.models import load_model, load_tokenizer
-from comlrl.rollout import completion_mask, eos_ids, format_prompt, left_pad
+from comlrl.accel.fastgen import fast_generate
+from comlrl.engine.models import load_model, load_tokenizer
+from comlrl.engine.rollout import completion_mask, eos_ids, format_prompt, left_pad
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
 FALLBACK_PROMPTS = [
@@ -43,8 +43,15 @@ def prompts(n: int = 4, words: int = 8) -> list[str]:
     return [" ".join(r["prompt"].split()[:words]) for r in rows]
 
 
-def hf_generate(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, pad: int, stop: list[int],
-                new_tokens: int, do_sample: bool) -> torch.Tensor:
+def hf_generate(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    pad: int,
+    stop: list[int],
+    new_tokens: int,
+    do_sample: bool,
+) -> torch.Tensor:
     """Completion ids from plain ``model.generate``, called exactly as ``rollout.generate`` calls it."""
     kwargs = dict(max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=stop, use_cache=True)
     if do_sample:
@@ -52,14 +59,25 @@ def hf_generate(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, p
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    return out[:, ids.shape[1]:]
+    return out[:, ids.shape[1] :]
 
 
 def variants(model: PreTrainedModel, pad: int, stop: list[int], new_tokens: int) -> dict[str, Callable]:
     """name -> f(ids, mask) returning completion ids; all sample with temperature 1.0, top_p 1.0."""
+
     def fast(dtype: torch.dtype | None, backend: str = "auto") -> Callable:
-        return lambda ids, mask: fast_generate(model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=stop,
-                                               pad_token_id=pad, do_sample=True, dtype=dtype, backend=backend)
+        return lambda ids, mask: fast_generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=new_tokens,
+            eos_token_ids=stop,
+            pad_token_id=pad,
+            do_sample=True,
+            dtype=dtype,
+            backend=backend,
+        )
+
     return {
         "generate": lambda ids, mask: hf_generate(model, ids, mask, pad, stop, new_tokens, True),
         "fast_fp32": fast(None),
@@ -97,32 +115,52 @@ def main() -> None:
                 cmask, _ = completion_mask(out, stop)
                 rates[name].append(out.numel() / elapsed)
                 cpu_rates[name].append(out.numel() / cpu)
-                print(f"round {r} {name:12s} {out.shape[1]:3d} steps ({int(cmask.sum()):4d} tokens up to EOS) "
-                      f"wall {elapsed:6.2f}s {rates[name][-1]:7.1f} tok/s | cpu {cpu:6.2f}s "
-                      f"{cpu_rates[name][-1]:7.1f} tok/s", flush=True)
+                print(
+                    f"round {r} {name:12s} {out.shape[1]:3d} steps ({int(cmask.sum()):4d} tokens up to EOS) "
+                    f"wall {elapsed:6.2f}s {rates[name][-1]:7.1f} tok/s | cpu {cpu:6.2f}s "
+                    f"{cpu_rates[name][-1]:7.1f} tok/s",
+                    flush=True,
+                )
     base = "generate" in runs
     print("\nvariant       wall best  wall median  speedup | cpu best  cpu median  speedup   (generated tok/s)")
     for name in runs:
         w, c = rates[name], cpu_rates[name]
         w_speed = statistics.median(w) / statistics.median(rates["generate"]) if base else float("nan")
         c_speed = statistics.median(c) / statistics.median(cpu_rates["generate"]) if base else float("nan")
-        print(f"{name:12s} {max(w):10.1f} {statistics.median(w):12.1f} {w_speed:7.2f}x | {max(c):8.1f} "
-              f"{statistics.median(c):11.1f} {c_speed:7.2f}x")
+        print(
+            f"{name:12s} {max(w):10.1f} {statistics.median(w):12.1f} {w_speed:7.2f}x | {max(c):8.1f} "
+            f"{statistics.median(c):11.1f} {c_speed:7.2f}x"
+        )
     print("(speedup = ratio of medians to plain generate in this run)")
 
     greedy_check(model, tok, encoded, pad, stop)
 
 
-def greedy_check(model: PreTrainedModel, tok: PreTrainedTokenizerBase, encoded: list[list[int]], pad: int,
-                 stop: list[int], new_tokens: int = 32) -> None:
+def greedy_check(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    encoded: list[list[int]],
+    pad: int,
+    stop: list[int],
+    new_tokens: int = 32,
+) -> None:
     """Greedy fast_generate (fp32) must equal greedy model.generate token for token."""
     ids, mask = left_pad(encoded, pad)
     with torch.no_grad():
         ref = hf_generate(model, ids, mask, pad, stop, new_tokens, do_sample=False)
-        out = fast_generate(model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=stop, pad_token_id=pad,
-                            do_sample=False)
-        bf16 = fast_generate(model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=stop, pad_token_id=pad,
-                             do_sample=False, dtype=torch.bfloat16)
+        out = fast_generate(
+            model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=stop, pad_token_id=pad, do_sample=False
+        )
+        bf16 = fast_generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=new_tokens,
+            eos_token_ids=stop,
+            pad_token_id=pad,
+            do_sample=False,
+            dtype=torch.bfloat16,
+        )
     same = ref.shape == out.shape and torch.equal(ref, out)
     print(f"\ngreedy fp32 fast_generate == model.generate ({new_tokens} tokens, {len(encoded)} prompts): {same}")
     agree = [int((a[: min(len(a), len(b))] == b[: min(len(a), len(b))]).cumprod(0).sum()) for a, b in zip(ref, bf16)]

@@ -26,8 +26,9 @@ import time
 
 import torch
 
-from comlrl import rollout
-from comlrl.models import load_model
+from comlrl.accel import attention
+from comlrl.engine import logprobs
+from comlrl.engine.models import load_model
 
 
 def build(setup: str) -> torch.nn.Module:
@@ -35,15 +36,16 @@ def build(setup: str) -> torch.nn.Module:
     if setup == "lora":
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model.to(torch.bfloat16), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
-                                                                    target_modules="all-linear"))
+        model = get_peft_model(
+            model.to(torch.bfloat16), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+        )
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.data = p.data.float()
     return model.train()
 
 
-# variant -> the training-forward switch of comlrl.rollout it turns off
+# variant -> the training-forward switch of comlrl.engine.rollout it turns off
 _OFF = {"sdpa": "training_attention", "eager_layers": "lean_layers"}
 
 
@@ -56,18 +58,18 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         if variant in ("logits", "before"):
             ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
-            with rollout.training_attention(model) if variant == "logits" else contextlib.nullcontext():
-                logp = rollout._logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
+            with attention.training_attention(model) if variant == "logits" else contextlib.nullcontext():
+                logp = logprobs._logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
         else:
             name = _OFF.get(variant)  # "ours" / "distinct": every switch on
-            original = getattr(rollout, name) if name else None
+            original = getattr(logprobs, name) if name else None
             if name:
-                setattr(rollout, name, lambda m: contextlib.nullcontext())
+                setattr(logprobs, name, lambda m: contextlib.nullcontext())
             try:
-                logp = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+                logp = logprobs.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
             finally:
                 if name:
-                    setattr(rollout, name, original)
+                    setattr(logprobs, name, original)
     (logp * c_mask).sum().backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - start
@@ -84,8 +86,12 @@ def main() -> None:
     torch.manual_seed(0)
     model = build(ns.setup)
     batch, prompt, completion = 4, 40, 64
-    tensors = [torch.randint(0, 49000, (1, prompt)).repeat(batch, 1), torch.ones(batch, prompt, dtype=torch.long),
-               torch.randint(0, 49000, (batch, completion)), torch.ones(batch, completion, dtype=torch.long)]
+    tensors = [
+        torch.randint(0, 49000, (1, prompt)).repeat(batch, 1),
+        torch.ones(batch, prompt, dtype=torch.long),
+        torch.randint(0, 49000, (batch, completion)),
+        torch.ones(batch, completion, dtype=torch.long),
+    ]
     variants = ns.variants.split(",")
     bf16 = ns.setup != "full_fp32"
     for v in variants:  # warm-up
@@ -94,8 +100,10 @@ def main() -> None:
     for _ in range(ns.rounds):
         for v in variants:
             times[v].append(step(model, v, bf16, tensors))
-    print(f"setup {ns.setup}, {ns.threads} threads, {ns.rounds} interleaved rounds, "
-          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GB")
+    print(
+        f"setup {ns.setup}, {ns.threads} threads, {ns.rounds} interleaved rounds, "
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GB"
+    )
     print("| variant | median s | min s |\n|---|---:|---:|")
     for v, ts in times.items():
         print(f"| {v} | {statistics.median(ts):.3f} | {min(ts):.3f} |")

@@ -68,14 +68,29 @@ def run(model: str, steps: int) -> dict:
     from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
 
     if getattr(comlrl, "__version__", None) != "1.4.3":
-        raise SystemExit(f"expected the reference comlrl 1.4.3, imported {comlrl.__file__} "
-                         f"{getattr(comlrl, '__version__', '?')}")
-    args = MAGRPOConfig(num_train_epochs=1, agent_learning_rate=1e-5, logging_steps=1, num_agents=2,
-                        num_generations=4, max_new_tokens=64, temperature=1.0, top_p=1.0, top_k=0, num_turns=1,
-                        early_termination_threshold=None, eval_interval=0, rollout_buffer_size=1, train_batch_size=1,
-                        reference_kl_enabled=False)
-    trainer = MAGRPOTrainer(agent_model=model, num_agents=2, train_dataset=prompts(steps), reward_func=reward,
-                            args=args)
+        raise SystemExit(
+            f"expected the reference comlrl 1.4.3, imported {comlrl.__file__} {getattr(comlrl, '__version__', '?')}"
+        )
+    args = MAGRPOConfig(
+        num_train_epochs=1,
+        agent_learning_rate=1e-5,
+        logging_steps=1,
+        num_agents=2,
+        num_generations=4,
+        max_new_tokens=64,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        num_turns=1,
+        early_termination_threshold=None,
+        eval_interval=0,
+        rollout_buffer_size=1,
+        train_batch_size=1,
+        reference_kl_enabled=False,
+    )
+    trainer = MAGRPOTrainer(
+        agent_model=model, num_agents=2, train_dataset=prompts(steps), reward_func=reward, args=args
+    )
     trainer.verbose = False  # no tqdm bar
     totals = dict.fromkeys(["generate", "reward", "update", "optimizer", "tokens"], 0)
     totals.update(opt_steps=[0] * trainer.num_agents, losses=[])
@@ -121,12 +136,19 @@ def run(model: str, steps: int) -> dict:
         raise SystemExit(f"the reference took no optimizer step: {totals['opt_steps']}")
     delta = float((probe.detach() - before).abs().max())
     losses = [round(x, 3) for x in totals["losses"]]
-    print(f"reference: optimizer steps per agent {totals['opt_steps']}, losses {losses}, "
-          f"max |dW| of agent 0's first tensor {delta:.2e}", file=sys.stderr)
+    print(
+        f"reference: optimizer steps per agent {totals['opt_steps']}, losses {losses}, "
+        f"max |dW| of agent 0's first tensor {delta:.2e}",
+        file=sys.stderr,
+    )
     return {
-        "variant": "reference", "steps": n, "sec_per_step": total / n,
-        "sec_generate": totals["generate"] / n, "sec_reward": totals["reward"] / n,
-        "sec_loss": (totals["update"] - totals["optimizer"]) / n, "sec_optimizer": totals["optimizer"] / n,
+        "variant": "reference",
+        "steps": n,
+        "sec_per_step": total / n,
+        "sec_generate": totals["generate"] / n,
+        "sec_reward": totals["reward"] / n,
+        "sec_loss": (totals["update"] - totals["optimizer"]) / n,
+        "sec_optimizer": totals["optimizer"] / n,
         "rollout_tokens_per_s": totals["tokens"] / max(totals["generate"], 1e-9),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
     }
@@ -134,8 +156,11 @@ def run(model: str, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(DEFAULT_MODEL),
-                        help="local transformers folder of SmolLM2-135M-Instruct (our converted embedded model)")
+    parser.add_argument(
+        "--model",
+        default=str(DEFAULT_MODEL),
+        help="local transformers folder of SmolLM2-135M-Instruct (our converted embedded model)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="prompts, one optimizer step each (at most 8)")
     parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()

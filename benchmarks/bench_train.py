@@ -82,16 +82,32 @@ def run_variant(name: str, steps: int, n_prompts: int = 8) -> dict:
     from comlrl.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer
 
     spec = VARIANTS[name]
-    args = MAGRPOConfig(per_device_train_batch_size=1, num_generations=4, max_new_tokens=64, max_steps=steps,
-                        learning_rate=1e-5, logging_steps=0, disable_tqdm=True, output_dir="/tmp/comlrl_bench",
-                        bf16=spec["bf16"], forward_batch_size=spec.get("forward_batch_size"),
-                        gradient_checkpointing=spec.get("gradient_checkpointing", False),
-                        rollout_dtype=spec.get("rollout_dtype"), concurrent_rollout=spec.get("concurrent_rollout", True),
-                        team_lora_forward=spec.get("team_lora_forward", 2),
-                        release_memory=spec.get("release_memory", True))
+    args = MAGRPOConfig(
+        per_device_train_batch_size=1,
+        num_generations=4,
+        max_new_tokens=64,
+        max_steps=steps,
+        learning_rate=1e-5,
+        logging_steps=0,
+        disable_tqdm=True,
+        output_dir="/tmp/comlrl_bench",
+        bf16=spec["bf16"],
+        forward_batch_size=spec.get("forward_batch_size"),
+        gradient_checkpointing=spec.get("gradient_checkpointing", False),
+        rollout_dtype=spec.get("rollout_dtype"),
+        concurrent_rollout=spec.get("concurrent_rollout", True),
+        team_lora_forward=spec.get("team_lora_forward", 2),
+        release_memory=spec.get("release_memory", True),
+    )
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear") if spec["lora"] else None
-    trainer = MAGRPOTrainer(model="embedded", num_agents=spec["agents"], train_dataset=prompts(n_prompts),
-                            reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100], args=args, peft_config=peft)
+    trainer = MAGRPOTrainer(
+        model="embedded",
+        num_agents=spec["agents"],
+        train_dataset=prompts(n_prompts),
+        reward_func=lambda *c: [float(len(c[-1][0]) - len(c[0][0])) / 100],
+        args=args,
+        peft_config=peft,
+    )
     n_params = sum(p.numel() for n, p in trainer.agents[0].model.named_parameters() if "lora_" not in n)
     start = time.perf_counter()
     hist = trainer.train()["history"]
@@ -100,13 +116,15 @@ def run_variant(name: str, steps: int, n_prompts: int = 8) -> dict:
     split = {k: sum(h.get(k, 0.0) for h in hist) / len(hist) for k in keys}
     tokens = sum(sum(h[f"agent/{i}/completion/mean_length"] * 4 for i in range(spec["agents"])) for h in hist)
     # training-phase FLOPs: forward + backward ~ 6 * params * tokens through the loss forward. The 4 samples of a
-    # prompt run as one packed sequence (rollout.shared_prompt_layout): the ~40 prompt tokens once, then each
+    # prompt run as one packed sequence (packing.shared_prompt_layout): the ~40 prompt tokens once, then each
     # completion -- the FLOPs the loss pass really runs, not 4 x (prompt + completion)
     seq_tokens = sum(40 + h[f"agent/{i}/completion/mean_length"] * 4 for h in hist for i in range(spec["agents"]))
     flops = (6 if not spec["lora"] else 4) * n_params * seq_tokens  # LoRA: no weight gradients for the base
     return {
-        "variant": name, "steps": len(hist), "sec_per_step": total / len(hist),
-        **{k.replace("time/", "sec_") : v for k, v in split.items()},
+        "variant": name,
+        "steps": len(hist),
+        "sec_per_step": total / len(hist),
+        **{k.replace("time/", "sec_"): v for k, v in split.items()},
         "rollout_tokens_per_s": tokens / max(sum(h["time/generate"] for h in hist), 1e-9),
         "train_gflops_per_s": flops / max(sum(h["time/loss"] for h in hist), 1e-9) / 1e9,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
@@ -118,8 +136,8 @@ def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
     (up to EOS) per second, the baseline the rollout path is compared with. Default: the fp32 model. ``lora_agents``:
     the same model a bf16 LoRA team rolls out -- the bf16 base with one r=16 adapter per agent, each agent's rows
     routed to its adapter by ``generate(adapter_names=...)`` (PEFT's mixed-batch generate)."""
-    from comlrl.models import load_model, load_tokenizer
-    from comlrl.rollout import completion_mask, eos_ids, format_prompt, left_pad
+    from comlrl.engine.models import load_model, load_tokenizer
+    from comlrl.engine.rollout import completion_mask, eos_ids, format_prompt, left_pad
 
     model, tok = load_model("embedded").eval(), load_tokenizer("embedded")
     stop = eos_ids(model, tok)
@@ -127,7 +145,7 @@ def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
     if lora_agents:
         from peft import LoraConfig
 
-        from comlrl.team import adapter_parameters, build_lora_team
+        from comlrl.engine.team import adapter_parameters, build_lora_team
 
         config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
         team = build_lora_team([model.to(torch.bfloat16)] * lora_agents, [0] * lora_agents, config)  # one shared base
@@ -141,14 +159,27 @@ def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
         torch.manual_seed(r)
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=64, do_sample=True, temperature=1.0,
-                                 top_p=1.0, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=stop, use_cache=True,
-                                 **extra)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=64,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=None,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=stop,
+                use_cache=True,
+                **extra,
+            )
         seconds += time.perf_counter() - start
-        tokens += int(completion_mask(out[:, ids.shape[1]:], stop)[0].sum())
+        tokens += int(completion_mask(out[:, ids.shape[1] :], stop)[0].sum())
     name = f"generate_b{batch}" + (f"_lora{lora_agents}" if lora_agents else "")
-    return {"variant": name, "tokens_per_s": tokens / seconds,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+    return {
+        "variant": name,
+        "tokens_per_s": tokens / seconds,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
+    }
 
 
 def _subprocess(args: list[str], python: str = sys.executable, script: str = __file__) -> dict | None:
@@ -162,18 +193,33 @@ def _subprocess(args: list[str], python: str = sys.executable, script: str = __f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=sorted(VARIANTS))
-    parser.add_argument("--variants", help="comma-separated variants to run, 'reference' among them (default: all, "
-                        "with the reference first when .venv-ref exists)")
+    parser.add_argument(
+        "--variants",
+        help="comma-separated variants to run, 'reference' among them (default: all, "
+        "with the reference first when .venv-ref exists)",
+    )
     parser.add_argument("--generate-batch", type=int, help="(internal) measure plain generate at this batch")
-    parser.add_argument("--generate-lora", type=int, default=0,
-                        help="(internal) with --generate-batch: on a bf16 base with this many routed LoRA adapters")
+    parser.add_argument(
+        "--generate-lora",
+        type=int,
+        default=0,
+        help="(internal) with --generate-batch: on a bf16 base with this many routed LoRA adapters",
+    )
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run the whole list this many times in turn (the VM's speed drifts); medians at the end")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the whole list this many times in turn (the VM's speed drifts); medians at the end",
+    )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=8,
-                        help="distinct prompts (<= 100) our variants cycle through; more than 8 with as many --steps "
-                             "shows how resident memory grows over a run of new prompt and completion lengths")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=8,
+        help="distinct prompts (<= 100) our variants cycle through; more than 8 with as many --steps "
+        "shows how resident memory grows over a run of new prompt and completion lengths",
+    )
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     if ns.generate_batch:
@@ -201,15 +247,21 @@ def main() -> None:
             print(f"plain generate fp32, batch {b:2d}: {r['tokens_per_s']:.1f} tok/s")
     # the same model as a bf16 LoRA team's rollout: its bf16 base and adapters through PEFT's mixed-batch generate
     teams = sorted({VARIANTS[n]["agents"] for n in names if VARIANTS.get(n, {}).get("lora") and VARIANTS[n]["bf16"]})
-    same = {a: _subprocess(["--generate-batch", str(4 * a), "--generate-lora", str(a), "--threads", str(ns.threads)])
-            for a in teams}
+    same = {
+        a: _subprocess(["--generate-batch", str(4 * a), "--generate-lora", str(a), "--threads", str(ns.threads)])
+        for a in teams
+    }
     for a, r in same.items():
         if r:
-            print(f"plain generate, bf16 base + {a} LoRA adapters (adapter_names), batch {4 * a:2d}: "
-                  f"{r['tokens_per_s']:.1f} tok/s")
-    head = ("| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | vs same-model "
-            "generate | MFU | peak RSS GB | bf16 peak before |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-            "---:|")
+            print(
+                f"plain generate, bf16 base + {a} LoRA adapters (adapter_names), batch {4 * a:2d}: "
+                f"{r['tokens_per_s']:.1f} tok/s"
+            )
+    head = (
+        "| variant | s/step | generate | reward | loss | optimizer | rollout tok/s | vs generate | vs same-model "
+        "generate | MFU | peak RSS GB | bf16 peak before |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|"
+    )
     print(head)
     results: dict[str, list[dict]] = {}
     for _ in range(ns.repeats):
@@ -226,25 +278,33 @@ def main() -> None:
             own = same.get(spec["agents"]) if spec["lora"] and spec["bf16"] else base  # full FT: the fp32 model
             same_ratio = f"{tok_s / own['tokens_per_s']:.2f}x" if own and tok_s else "-"
             mfu = f"{gflops / (peak_bf16 if spec['bf16'] else peak):.1%}" if gflops else "-"
-            cell = lambda key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731
-            print(f"| {name} | {r['sec_per_step']:.2f} | {cell('sec_generate', '.2f')} | {cell('sec_reward', '.3f')} "
-                  f"| {cell('sec_loss', '.2f')} | {cell('sec_optimizer', '.2f')} | {cell('rollout_tokens_per_s', '.1f')} "
-                  f"| {ratio} | {same_ratio} | {mfu} | {r['peak_rss_gb']:.2f} | {phase:.0f} |", flush=True)
+            cell = lambda key, fmt, r=r: format(r[key], fmt) if key in r else "-"  # noqa: E731
+            print(
+                f"| {name} | {r['sec_per_step']:.2f} | {cell('sec_generate', '.2f')} | {cell('sec_reward', '.3f')} "
+                f"| {cell('sec_loss', '.2f')} | {cell('sec_optimizer', '.2f')} | {cell('rollout_tokens_per_s', '.1f')} "
+                f"| {ratio} | {same_ratio} | {mfu} | {r['peak_rss_gb']:.2f} | {phase:.0f} |",
+                flush=True,
+            )
     median = {name: statistics.median(r["sec_per_step"] for r in rs) for name, rs in results.items()}
     for name, sec in median.items():
         if "reference" in median and name != "reference":
-            print(f"{name}: median {sec:.2f} s/step, {median['reference'] / sec:.2f} times faster than the reference "
-                  f"({median['reference']:.2f} s/step); peak RSS {max(r['peak_rss_gb'] for r in results[name]):.2f} GB")
+            print(
+                f"{name}: median {sec:.2f} s/step, {median['reference'] / sec:.2f} times faster than the reference "
+                f"({median['reference']:.2f} s/step); peak RSS {max(r['peak_rss_gb'] for r in results[name]):.2f} GB"
+            )
 
 
 def _run_named(name: str, steps: int, threads: int, n_prompts: int = 8) -> dict | None:
     """One variant (or the reference library) in its own process."""
     common = ["--steps", str(steps), "--threads", str(threads)]
     if name == "reference":  # the PyPI library in its own venv, on our converted model folder
-        from comlrl.models import embedded_model_dir
+        from comlrl.engine.models import embedded_model_dir
 
-        return _subprocess(["--model", str(embedded_model_dir()), *common], str(REFERENCE_PYTHON),
-                           str(Path(__file__).with_name("bench_reference.py")))
+        return _subprocess(
+            ["--model", str(embedded_model_dir()), *common],
+            str(REFERENCE_PYTHON),
+            str(Path(__file__).with_name("bench_reference.py")),
+        )
     return _subprocess(["--variant", name, "--prompts", str(n_prompts), *common])
 
 

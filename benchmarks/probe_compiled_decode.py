@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl import fastgen
-from comlrl.fastgen import fast_generate
-from comlrl.lean import rms_norm_values
-from comlrl.models import load_model
-from comlrl.team import adapter_parameters, build_lora_team
+from comlrl.accel import fastgen
+from comlrl.accel.fastgen import fast_generate
+from comlrl.accel.lean import rms_norm_values
+from comlrl.engine.models import load_model
+from comlrl.engine.team import adapter_parameters, build_lora_team
 
 
 class DecodeStep(nn.Module):
@@ -44,14 +44,19 @@ class DecodeStep(nn.Module):
         frozen = lambda t: nn.Parameter(t.detach().clone(), requires_grad=False)  # noqa: E731
         self.embed = frozen(inner.embed_tokens.weight)
         layers = inner.layers
-        self.qkv = nn.ParameterList(frozen(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight,
-                                                      l.self_attn.v_proj.weight])) for l in layers)
-        self.o = nn.ParameterList(frozen(l.self_attn.o_proj.weight) for l in layers)
-        self.gate_up = nn.ParameterList(frozen(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]))
-                                        for l in layers)
-        self.down = nn.ParameterList(frozen(l.mlp.down_proj.weight) for l in layers)
-        self.ln1 = nn.ParameterList(frozen(l.input_layernorm.weight) for l in layers)
-        self.ln2 = nn.ParameterList(frozen(l.post_attention_layernorm.weight) for l in layers)
+        self.qkv = nn.ParameterList(
+            frozen(
+                torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
+            )
+            for layer in layers
+        )
+        self.o = nn.ParameterList(frozen(layer.self_attn.o_proj.weight) for layer in layers)
+        self.gate_up = nn.ParameterList(
+            frozen(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight])) for layer in layers
+        )
+        self.down = nn.ParameterList(frozen(layer.mlp.down_proj.weight) for layer in layers)
+        self.ln1 = nn.ParameterList(frozen(layer.input_layernorm.weight) for layer in layers)
+        self.ln2 = nn.ParameterList(frozen(layer.post_attention_layernorm.weight) for layer in layers)
         self.norm, self.head = frozen(inner.norm.weight), frozen(base.lm_head.weight)
 
     @staticmethod
@@ -72,23 +77,31 @@ class DecodeStep(nn.Module):
         x = F.embedding(tokens[:, None], self.embed)  # (B, 1, H)
         new_k, new_v = [], []
         for i in range(len(self.qkv)):
-            qkv = self._linear(rms_norm_values(x, self.ln1[i], self.eps), self.qkv[i], part(i, 0)).view(b, 1, nq + 2 * nkv, d)
+            qkv = self._linear(rms_norm_values(x, self.ln1[i], self.eps), self.qkv[i], part(i, 0)).view(
+                b, 1, nq + 2 * nkv, d
+            )
             qk = qkv[:, :, : nq + nkv]
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
             q = qk[:, 0, :nq].reshape(b, nkv, nq // nkv, d).float()  # (B, Hkv, rep, D)
             k, v = qk[:, 0, nq:, None], qkv[:, 0, nq + nkv :, None]  # (B, Hkv, 1, D)
             new_k.append(k)
             new_v.append(v)
-            scale = d ** -0.5
+            scale = d**-0.5
             s_cache = (q @ k_cache[i].float().transpose(-1, -2)) * scale + bias  # (B, Hkv, rep, T)
             s_new = (q * k.float()).sum(-1, keepdim=True) * scale  # (B, Hkv, rep, 1)
             m = torch.maximum(s_cache.amax(-1, keepdim=True), s_new)
             p_cache, p_new = (s_cache - m).exp(), (s_new - m).exp()
             att = (p_cache @ v_cache[i].float() + p_new * v.float()) / (p_cache.sum(-1, keepdim=True) + p_new)
             x = x + self._linear(att.to(x.dtype).reshape(b, 1, nq * d), self.o[i], part(i, 1))
-            gate, up = self._linear(rms_norm_values(x, self.ln2[i], self.eps), self.gate_up[i], part(i, 2)).chunk(2, dim=-1)
+            gate, up = self._linear(rms_norm_values(x, self.ln2[i], self.eps), self.gate_up[i], part(i, 2)).chunk(
+                2, dim=-1
+            )
             x = x + self._linear(F.silu(gate) * up, self.down[i], part(i, 3))
-        return F.linear(rms_norm_values(x[:, -1], self.norm, self.eps), self.head).float(), torch.stack(new_k), torch.stack(new_v)
+        return (
+            F.linear(rms_norm_values(x[:, -1], self.norm, self.eps), self.head).float(),
+            torch.stack(new_k),
+            torch.stack(new_v),
+        )
 
 
 def main() -> None:
@@ -122,8 +135,12 @@ def main() -> None:
         routing = fastgen._Routing(extra["adapter_names"], ids.device)
         for layer in base.model.layers:  # fastgen's own stacked factors of each (fused) projection
             attn, mlp = layer.self_attn, layer.mlp
-            for mods in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj],
-                         [mlp.down_proj]):
+            for mods in (
+                [attn.q_proj, attn.k_proj, attn.v_proj],
+                [attn.o_proj],
+                [mlp.gate_proj, mlp.up_proj],
+                [mlp.down_proj],
+            ):
                 stacked = fastgen._stacked_lora(mods, routing)
                 lora += (stacked.a_blocks, stacked.b_blocks)
     with torch.no_grad():
@@ -167,14 +184,17 @@ def main() -> None:
         got = run(compiled, 0)
         print(f"compile: {time.perf_counter() - start:.1f} s")
         for name, logits in (("eager step", eager), ("compiled step", got)):
-            print(f"{name} vs HF forward: max |logit diff| {(logits - want).abs().max():.3g} (logit scale "
-                  f"{want.abs().max():.3g}), greedy tokens equal {bool((logits.argmax(-1) == want.argmax(-1)).all())}")
+            print(
+                f"{name} vs HF forward: max |logit diff| {(logits - want).abs().max():.3g} (logit scale "
+                f"{want.abs().max():.3g}), greedy tokens equal {bool((logits.argmax(-1) == want.argmax(-1)).all())}"
+            )
         base.requires_grad_(False)  # a frozen base: fastgen keeps its packed copy between calls, as for a LoRA team
         mask = torch.ones_like(ids)
 
         def fast(n: int) -> torch.Tensor:
-            return fast_generate(model, ids, mask, max_new_tokens=n, eos_token_ids=[], pad_token_id=0,
-                                 dtype=torch.bfloat16, **extra)
+            return fast_generate(
+                model, ids, mask, max_new_tokens=n, eos_token_ids=[], pad_token_id=0, dtype=torch.bfloat16, **extra
+            )
 
         fast(2)
         for _ in range(3):
@@ -183,8 +203,10 @@ def main() -> None:
             middle = time.perf_counter()
             fast(1)  # prefill and setup only
             per_step = ((middle - start) - (time.perf_counter() - middle)) / ns.steps * 1000
-            print(f"ms per step: compiled {timed(compiled):.2f}, eager {timed(step):.2f}, "
-                  f"fastgen (eager, packed weights) {per_step:.2f}")
+            print(
+                f"ms per step: compiled {timed(compiled):.2f}, eager {timed(step):.2f}, "
+                f"fastgen (eager, packed weights) {per_step:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,18 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "comlrl.trainers.magrpo": ("MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer",
-                               "MARLOOConfig", "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer", "MAREMAXConfig",
-                               "MAREMAXTrainer"),
+    "comlrl.trainers.magrpo": (
+        "MAGRPOConfig",
+        "MAGRPOTrainer",
+        "MAREINFORCEConfig",
+        "MAREINFORCETrainer",
+        "MARLOOConfig",
+        "MARLOOTrainer",
+        "MAReMaxConfig",
+        "MAReMaxTrainer",
+        "MAREMAXConfig",
+        "MAREMAXTrainer",
+    ),
     "comlrl.trainers.actor_critic": ("IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"),
     "comlrl.errors": ("ComlrlError", "ConfigError"),
 }

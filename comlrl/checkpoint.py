@@ -43,6 +43,7 @@ from .tracking import METRICS_FILE, git_info, truncate_metrics
 log = logging.getLogger(__name__)
 
 PREFIX = "checkpoint-"
+RNG_FILE = "rng_state.pt"
 MANIFEST = "manifest.json"
 FORMAT = 1
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
@@ -59,28 +60,69 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
     """Write ``checkpoint-<step>`` atomically under ``output_dir`` (default ``trainer.args.output_dir``)."""
     rng = rng_state()  # first: nothing below may move a generator before it is captured
     root = Path(output_dir or trainer.args.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     step = trainer.state["step"]
-    tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step}.tmp-", dir=root))
+    tmp = Path(make_tmp(root, step))
     try:
-        with _quiet_transformers():
-            trainer.save_model(str(tmp))  # one from_pretrained-loadable folder (or LoRA adapter) per agent
-        for agent in trainer.agents:
-            torch.save({"optimizer": agent.optimizer.state_dict(), "scheduler": agent.scheduler.state_dict()},
-                       tmp / agent.name / "training_state.pt")
-        _sync_tree(tmp)
-        if getattr(trainer, "critics", None):
-            torch.save([_critic_state(c) for c in sorted(trainer.critics, key=lambda c: c.index)], tmp / "critics.pt")
-            _fsync_file(tmp / "critics.pt")
-        torch.save(rng, tmp / "rng_state.pt")
-        _fsync_file(tmp / "rng_state.pt")
-        _write_text(tmp / "trainer_state.json", json.dumps({
-            "format": FORMAT, "state": dict(trainer.state), "trainer": type(trainer).__name__,
-            "num_agents": trainer.num_agents, "seed": trainer.args.seed, "git": git_info(),
-            "args": trainer.args.to_dict()}, indent=2, default=str))
+        write_parts(trainer, tmp, rng)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Path(publish(trainer, tmp, root, step))
+
+
+def make_tmp(root: Path, step: int) -> str:
+    """The hidden temporary folder a checkpoint is written into before its atomic rename."""
+    root.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{PREFIX}{step}.tmp-", dir=root)
+
+
+def write_parts(
+    trainer: Any, tmp: Path, rng: dict, rank: int = 0, owns_agent: Any = None, owns_critic: Any = None
+) -> None:
+    """What process ``rank`` writes into ``tmp`` and fsyncs: its agents (weights or adapters, optimizer and scheduler
+    states), its critics (``critics.rank<rank>.pt``, joined by :func:`publish`) and its RNG state.
+    ``owns_agent(agent)`` / ``owns_critic(reads)``: which of the process's agents and critics it writes (default all)."""
+    with _quiet_transformers():
+        trainer.save_model(str(tmp))  # one from_pretrained-loadable folder (or LoRA adapter) per agent it owns
+    for agent in trainer.agents:
+        if owns_agent is None or owns_agent(agent):
+            torch.save(
+                {"optimizer": agent.optimizer.state_dict(), "scheduler": agent.scheduler.state_dict()},
+                tmp / agent.name / "training_state.pt",
+            )
+            _sync_tree(tmp / agent.name)
+    critics = [c for c in getattr(trainer, "critics", []) if owns_critic is None or owns_critic(c.reads)]
+    if critics:
+        part = tmp / f"critics.rank{rank}.pt"
+        torch.save({c.index: _critic_state(c) for c in critics}, part)
+        _fsync_file(part)
+    name = RNG_FILE if rank == 0 else f"rng_state.rank{rank}.pt"
+    torch.save(rng, tmp / name)
+    _fsync_file(tmp / name)
+
+
+def publish(trainer: Any, tmp: Path, root: Path, step: int) -> str:
+    """The shared files (trainer state, history, run config, the critics joined), the manifest last, the atomic
+    rename and pruning; ``tmp`` is removed if any of it fails. Run by one process (rank 0 of a torchrun job)."""
+    try:
+        meta = {
+            "format": FORMAT,
+            "state": dict(trainer.state),
+            "trainer": type(trainer).__name__,
+            "num_agents": trainer.num_agents,
+            "seed": trainer.args.seed,
+            "git": git_info(),
+            "args": trainer.args.to_dict(),
+        }
+        if getattr(trainer, "dist", None) is not None:
+            meta["world_size"] = trainer.dist.world_size
+        _write_text(tmp / "trainer_state.json", json.dumps(meta, indent=2, default=str))
         _write_text(tmp / "history.json", json.dumps(trainer.history))
         if (root / "config.yaml").is_file():
             _write_text(tmp / "config.yaml", (root / "config.yaml").read_text())
+        if (tmp / "comlrl_config.json").is_file():  # the team config save_model wrote
+            _fsync_file(tmp / "comlrl_config.json")
+        _join_critics(tmp, getattr(trainer, "num_critics", 0))
         _write_manifest(tmp, step)
         final = root / f"{PREFIX}{step}"
         _replace_dir(tmp, final)
@@ -89,7 +131,24 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
         raise
     prune(root, trainer.args.save_total_limit)
     log.info("saved %s", final)
-    return final
+    return str(final)
+
+
+def _join_critics(tmp: Path, count: int) -> None:
+    """The critics' writers left ``critics.rank<r>.pt`` ({critic index: state}); one ``critics.pt`` (a list in critic
+    order) replaces them."""
+    parts = sorted(tmp.glob("critics.rank*.pt"))
+    if not count and not parts:
+        return
+    states: dict[int, Any] = {}
+    for part in parts:
+        states.update(torch.load(part, map_location="cpu", weights_only=False))
+    if sorted(states) != list(range(count)):
+        raise CheckpointError(f"checkpoint: the writers saved critics {sorted(states)}, expected 0..{count - 1}.")
+    torch.save([states[i] for i in range(count)], tmp / "critics.pt")
+    _fsync_file(tmp / "critics.pt")
+    for part in parts:
+        part.unlink()
 
 
 @contextlib.contextmanager
@@ -235,7 +294,7 @@ def verify(path: str | os.PathLike) -> str | None:
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     """The newest complete, intact checkpoint under ``root``; broken ones are skipped with a warning."""
-    for step, path in reversed(checkpoints(root)):
+    for _, path in reversed(checkpoints(root)):
         problem = verify(path)
         if problem is None:
             return path
@@ -268,7 +327,11 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
     critics = getattr(trainer, "critics", None) or []  # under torchrun: the critics on this rank
     expected = getattr(trainer, "num_critics", 0)
     if expected or (path / "critics.pt").is_file():
-        saved = torch.load(path / "critics.pt", map_location="cpu", weights_only=False) if (path / "critics.pt").is_file() else []
+        saved = (
+            torch.load(path / "critics.pt", map_location="cpu", weights_only=False)
+            if (path / "critics.pt").is_file()
+            else []
+        )
         if len(saved) != expected:
             raise CheckpointError(f"checkpoint {path} has {len(saved)} critic(s), the trainer {expected}.")
         for critic in critics:
@@ -277,7 +340,7 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
     # checkpoints of format 1 counted rollouts as steps
     trainer.state.setdefault("rollouts", trainer.state["step"] * trainer.args.gradient_accumulation_steps)
     trainer.history = json.loads((path / "history.json").read_text())
-    set_rng_state(torch.load(path / "rng_state.pt", weights_only=False))
+    set_rng_state(torch.load(path / RNG_FILE, weights_only=False))
     dropped = truncate_metrics(Path(metrics_dir or trainer.args.output_dir) / METRICS_FILE, trainer.state["step"])
     log.info("resumed from %s (step %d; %d later metric line(s) dropped)", path, trainer.state["step"], dropped)
     return meta
@@ -306,7 +369,9 @@ def load_weights(model: torch.nn.Module, folder: Path, adapter: str | None = Non
     loaded = {ptrs[k] for k in state if k in ptrs}
     untied = [k for k in missing if ptrs.get(k) not in loaded]
     if unexpected or untied:
-        raise CheckpointError(f"{folder}: weights do not fit the model (missing {untied[:5]}, unexpected {unexpected[:5]}).")
+        raise CheckpointError(
+            f"{folder}: weights do not fit the model (missing {untied[:5]}, unexpected {unexpected[:5]})."
+        )
 
 
 def _optimized_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -49,13 +49,17 @@ def load_data(cfg: runconfig.RunConfig, env: Any) -> tuple[Any, Any]:
         train = env.load_dataset(d.source, limit=d.limit, **split)
         return train, env.load_dataset(d.eval_source or d.source, split=d.eval_split, limit=d.eval_limit)
     if d.eval_source not in (None, d.source):
-        raise ComlrlError("data.eval_split=holdout takes evaluation rows from data.source; unset data.eval_source "
-                          "or give eval_split a split name.")
+        raise ComlrlError(
+            "data.eval_split=holdout takes evaluation rows from data.source; unset data.eval_source "
+            "or give eval_split a split name."
+        )
     rows = env.load_dataset(d.source, limit=None if d.limit is None else d.limit + d.eval_limit, **split)
     n = len(rows)
     if n <= d.eval_limit:
-        raise ComlrlError(f"data: {n} rows cannot hold out data.eval_limit={d.eval_limit} evaluation rows and still "
-                          "train; lower eval_limit or add rows.")
+        raise ComlrlError(
+            f"data: {n} rows cannot hold out data.eval_limit={d.eval_limit} evaluation rows and still "
+            "train; lower eval_limit or add rows."
+        )
     return rows.select(range(n - d.eval_limit)), rows.select(range(n - d.eval_limit, n))
 
 
@@ -64,8 +68,14 @@ def build_trainer(cfg: runconfig.RunConfig, env: Any, train: Any, evaluation: An
     args = cfg.trainer_config(env_defaults=env.defaults, output_dir=output_dir)
     team = {"agents": cfg.agents} if cfg.agents is not None else {"model": cfg.model, "num_agents": cfg.team_size}
     return cfg.algo.trainer_class()(
-        **team, tokenizer=cfg.tokenizer, train_dataset=train, eval_dataset=evaluation, reward_func=env.reward_func,
-        formatters=env.formatters(), external_transition=env.external_transition, peft_config=cfg.lora_config(),
+        **team,
+        tokenizer=cfg.tokenizer,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        reward_func=env.reward_func,
+        formatters=env.formatters(),
+        external_transition=env.external_transition,
+        peft_config=cfg.lora_config(),
         args=args,
     )
 
@@ -125,20 +135,37 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
     info["resumed_from"] = str(resume_from) if resume_from else None
     if main:
         _append_start(run_dir / "run.json", info)
-    log.info("run %s: seed %s, git %s, %d train / %d eval rows", run_dir, info["seed"], info["git"]["commit"],
-             len(train), len(evaluation or []))
+    log.info(
+        "run %s: seed %s, git %s, %d train / %d eval rows",
+        run_dir,
+        info["seed"],
+        info["git"]["commit"],
+        len(train),
+        len(evaluation or []),
+    )
     log.info("resolved config: %s", run_dir / "config.yaml")
     log.debug("resolved config:\n%s", runconfig.dump(resolved))  # console with -v; always in train.log
 
     trainer = build_trainer(cfg, env, train, evaluation, str(run_dir))
     # _open_run has refused a used run directory unless resuming, so the tracker may append to its metrics
-    trainer.tracker = (tracking.Tracker(run_dir, trainer.args.report_to, run_name=run_dir.name, config=resolved,
-                                        trainer=type(trainer).__name__, resume=cfg.resume) if main
-                       else distributed.NullTracker())
+    trainer.tracker = (
+        tracking.Tracker(
+            run_dir,
+            trainer.args.report_to,
+            run_name=run_dir.name,
+            config=resolved,
+            trainer=type(trainer).__name__,
+            resume=cfg.resume,
+        )
+        if main
+        else distributed.NullTracker()
+    )
     before = _evaluate(trainer, run_dir, "before") if evaluation is not None and cfg.evaluation.before else None
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(str(run_dir / "final"))
-    after = _evaluate(trainer, run_dir, "after", fresh=True) if evaluation is not None and cfg.evaluation.after else None
+    after = (
+        _evaluate(trainer, run_dir, "after", fresh=True) if evaluation is not None and cfg.evaluation.after else None
+    )
     trainer.tracker.close()
     if not main:
         return 0
@@ -155,9 +182,11 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
 
     has_run = (run_dir / tracking.METRICS_FILE).exists() or bool(checkpoint.checkpoints(run_dir))
     if has_run and not resume:
-        raise ComlrlError(f"{run_dir} already holds a run; pass --resume to continue it, or set another output_dir "
-                          "(unset, every run gets a fresh runs/<name>-<timestamp>). The command line never deletes a "
-                          "run: training.overwrite_output_dir applies to the Python API only.")
+        raise ComlrlError(
+            f"{run_dir} already holds a run; pass --resume to continue it, or set another output_dir "
+            "(unset, every run gets a fresh runs/<name>-<timestamp>). The command line never deletes a "
+            "run: training.overwrite_output_dir applies to the Python API only."
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         return None
@@ -238,8 +267,9 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def open_evaluation(target: str | Path, step: int | None = None,
-                    overrides: list[str] | tuple[str, ...] = ()) -> tuple[Any, Any, Any, dict[str, Any]]:
+def open_evaluation(
+    target: str | Path, step: int | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[Any, Any, Any, dict[str, Any]]:
     """(trainer, env, evaluation rows, models) of ``comlrl eval TARGET``, with the models to evaluate loaded.
 
     TARGET is a run directory (its resolved ``config.yaml``; the trained models in ``final/``, or those of
@@ -253,8 +283,10 @@ def open_evaluation(target: str | Path, step: int | None = None,
     elif step is not None:
         raise ComlrlError(f"--checkpoint {step} needs a run directory (written by comlrl train), not {target}.")
     elif not target.exists():
-        raise ComlrlError(f"{target} does not exist: pass a run directory (written by comlrl train) to evaluate its "
-                          "trained models, or a YAML run config to evaluate the config's model.")
+        raise ComlrlError(
+            f"{target} does not exist: pass a run directory (written by comlrl train) to evaluate its "
+            "trained models, or a YAML run config to evaluate the config's model."
+        )
     else:
         cfg = runconfig.load_config(target, overrides)
     if not cfg.data.eval_limit:
@@ -264,25 +296,44 @@ def open_evaluation(target: str | Path, step: int | None = None,
     trainer = build_trainer(cfg, env, None, rows, str(target) if run else cfg.output_dir or "output")
     if run is None:
         team = cfg.agents if cfg.agents is not None else f"{cfg.model} x {cfg.team_size}"
-        return trainer, env, rows, {"config": str(target), "models": "untrained",
-                                    "description": f"{team}, untrained (the config's model; pass a run directory "
-                                                   "to evaluate a run's trained models)"}
+        return (
+            trainer,
+            env,
+            rows,
+            {
+                "config": str(target),
+                "models": "untrained",
+                "description": f"{team}, untrained (the config's model; pass a run directory "
+                "to evaluate a run's trained models)",
+            },
+        )
     from .checkpoint import load_weights
 
     for agent in trainer.agents:  # full weights, or the agent's LoRA adapter on the base the config names
         load_weights(agent.model, run / agent.name, agent.adapter)
     what = "final models" if run.name == "final" else f"models at step {run.name.removeprefix('checkpoint-')}"
     lora = f", LoRA adapters on {cfg.agents or cfg.model}" if cfg.lora is not None else ""
-    return trainer, env, rows, {"run_dir": str(target), "models": run.name, "path": str(run),
-                                "description": f"{run} (the {what} of run {target}{lora})"}
+    return (
+        trainer,
+        env,
+        rows,
+        {
+            "run_dir": str(target),
+            "models": run.name,
+            "path": str(run),
+            "description": f"{run} (the {what} of run {target}{lora})",
+        },
+    )
 
 
 def _run_config(run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
     if not path.is_file():
         held = sorted(p.name for p in run_dir.iterdir())
-        raise ComlrlError(f"{run_dir} is not a run directory of comlrl train: it has no config.yaml (the resolved "
-                          f"config every run writes); it holds: {', '.join(held) or 'nothing'}.")
+        raise ComlrlError(
+            f"{run_dir} is not a run directory of comlrl train: it has no config.yaml (the resolved "
+            f"config every run writes); it holds: {', '.join(held) or 'nothing'}."
+        )
     return path
 
 
@@ -291,27 +342,36 @@ def trained_models(run_dir: Path, step: int | None, num_agents: int) -> Path:
     from . import checkpoint
 
     saved = [s for s, _ in checkpoint.checkpoints(run_dir)]
-    listing = (f"its checkpoints: {', '.join(map(str, saved))}" if saved else
-               "it has no checkpoints (training.save_steps was 0, or the run stopped before the first)")
+    listing = (
+        f"its checkpoints: {', '.join(map(str, saved))}"
+        if saved
+        else "it has no checkpoints (training.save_steps was 0, or the run stopped before the first)"
+    )
     final = run_dir / "final"
     if step is None:
         if not final.is_dir():
-            raise ComlrlError(f"{run_dir} has no final models: {final} is written when training finishes; {listing}"
-                              + (" (evaluate one with --checkpoint N)." if saved else "."))
+            raise ComlrlError(
+                f"{run_dir} has no final models: {final} is written when training finishes; {listing}"
+                + (" (evaluate one with --checkpoint N)." if saved else ".")
+            )
         folder = final
     else:
         folder = run_dir / f"{checkpoint.PREFIX}{step}"
         if not folder.is_dir():
-            raise ComlrlError(f"{run_dir} has no {folder.name}; {listing}"
-                              + ("; and final models (omit --checkpoint)." if final.is_dir() else "."))
+            raise ComlrlError(
+                f"{run_dir} has no {folder.name}; {listing}"
+                + ("; and final models (omit --checkpoint)." if final.is_dir() else ".")
+            )
         problem = checkpoint.verify(folder)
         if problem is not None:
             raise ComlrlError(f"{folder} cannot be evaluated: {problem}.")
     names = [f"agent_{i}" for i in range(num_agents)]
     held = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name.startswith("agent_"))
     if held != sorted(names):
-        raise ComlrlError(f"{folder} holds {', '.join(held) or 'no agent folders'}, but the run's team of "
-                          f"{num_agents} needs {', '.join(names)}.")
+        raise ComlrlError(
+            f"{folder} holds {', '.join(held) or 'no agent folders'}, but the run's team of "
+            f"{num_agents} needs {', '.join(names)}."
+        )
     return folder
 
 
@@ -319,20 +379,25 @@ def make_generate(trainer: Any, batch_size: int = 8) -> Any:
     """``generate(agent_index, prompts) -> completions`` with the trainer's agents (greedy unless eval_do_sample)."""
     from tqdm.auto import tqdm
 
-    from .rollout import generate as generate_batch
+    from .engine.rollout import generate as generate_batch
 
     settings = trainer.generation_settings(train=False)
 
     def generate(agent_index: int, prompts: list[str]) -> list[str]:
         agent = trainer.agents[agent_index]
         out: list[str] = []
-        bar = tqdm(range(0, len(prompts), batch_size), desc=f"generate agent {agent_index}", leave=False,
-                   disable=trainer.args.disable_tqdm)
+        bar = tqdm(
+            range(0, len(prompts), batch_size),
+            desc=f"generate agent {agent_index}",
+            leave=False,
+            disable=trainer.args.disable_tqdm,
+        )
         for lo in bar:
-            batch = prompts[lo:lo + batch_size]
+            batch = prompts[lo : lo + batch_size]
             adapters = [agent.adapter] * len(batch) if agent.adapter is not None else None
-            samples = generate_batch(agent.model, agent.tokenizer, batch, 1, settings, agent.chat,
-                                     trainer.rollout_dtype, adapters)
+            samples = generate_batch(
+                agent.model, agent.tokenizer, batch, 1, settings, agent.chat, trainer.rollout_dtype, adapters
+            )
             out.extend(samples.texts)
         return out
 
@@ -399,39 +464,74 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
-    setting = dict(action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a config key (dotted path; the value is parsed as YAML). Repeatable.")
+    setting = dict(
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config key (dotted path; the value is parsed as YAML). Repeatable.",
+    )
 
-    p = sub.add_parser("train", help="Train a team from a YAML config.", formatter_class=raw, epilog=_schema_epilog(),
-                       description="Train, evaluate before/after on held-out rows, save final models and write a report.")
+    p = sub.add_parser(
+        "train",
+        help="Train a team from a YAML config.",
+        formatter_class=raw,
+        epilog=_schema_epilog(),
+        description="Train, evaluate before/after on held-out rows, save final models and write a report.",
+    )
     p.add_argument("config", help="YAML run config (see configs/).")
     p.add_argument("--set", **setting)
-    p.add_argument("--resume", action="store_true",
-                   help="Continue from the newest complete checkpoint of the run directory (same as resume: auto).")
-    p.add_argument("--nproc", type=int, default=0, metavar="K",
-                   help="Run under torchrun with K processes on this machine (agents placed on ranks / GPUs; "
-                        "see docs/distributed.md). For several machines call torchrun yourself.")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="Continue from the newest complete checkpoint of the run directory (same as resume: auto).",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        metavar="K",
+        help="Run under torchrun with K processes on this machine (agents placed on ranks / GPUs; "
+        "see docs/distributed.md). For several machines call torchrun yourself.",
+    )
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="Evaluate a trained run's team, a config's (untrained) team, or baselines.",
-                       description="RUN_DIR: the run's trained models (final/, or --checkpoint N) under its resolved "
-                                   "config.yaml; results also go to RUN_DIR/eval_final.json (eval_checkpoint-N.json). "
-                                   "CONFIG: the model(s) the YAML config names, untrained. Without --baseline: the "
-                                   "team's greedy evaluation (trainer.evaluate) on the config's evaluation rows. With "
-                                   "it: the baselines of comlrl.envs.baselines with those models, as a table.")
-    p.add_argument("target", metavar="RUN_DIR|CONFIG",
-                   help="A run directory of comlrl train (its trained models), or a YAML run config (its model, "
-                        "untrained); the config's data section picks the evaluation rows.")
-    p.add_argument("--checkpoint", type=int, metavar="N",
-                   help="With RUN_DIR: evaluate RUN_DIR/checkpoint-N instead of the final models.")
-    p.add_argument("--baseline", action="append", choices=BASELINES, default=[],
-                   help="single, parallel, sequential or discussion (repeatable).")
+    p = sub.add_parser(
+        "eval",
+        help="Evaluate a trained run's team, a config's (untrained) team, or baselines.",
+        description="RUN_DIR: the run's trained models (final/, or --checkpoint N) under its resolved "
+        "config.yaml; results also go to RUN_DIR/eval_final.json (eval_checkpoint-N.json). "
+        "CONFIG: the model(s) the YAML config names, untrained. Without --baseline: the "
+        "team's greedy evaluation (trainer.evaluate) on the config's evaluation rows. With "
+        "it: the baselines of comlrl.envs.baselines with those models, as a table.",
+    )
+    p.add_argument(
+        "target",
+        metavar="RUN_DIR|CONFIG",
+        help="A run directory of comlrl train (its trained models), or a YAML run config (its model, "
+        "untrained); the config's data section picks the evaluation rows.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=int,
+        metavar="N",
+        help="With RUN_DIR: evaluate RUN_DIR/checkpoint-N instead of the final models.",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        choices=BASELINES,
+        default=[],
+        help="single, parallel, sequential or discussion (repeatable).",
+    )
     p.add_argument("--set", **setting)
     p.add_argument("--output", help="Also write the results as JSON to this file.")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("report", help="Plots and a Markdown summary of a run directory.",
-                       description="Write report/*.png and report.md into RUN_DIR from its metrics and samples.")
+    p = sub.add_parser(
+        "report",
+        help="Plots and a Markdown summary of a run directory.",
+        description="Write report/*.png and report.md into RUN_DIR from its metrics and samples.",
+    )
     p.add_argument("run_dir", help="A run directory (has metrics.jsonl).")
     p.set_defaults(func=cmd_report)
 

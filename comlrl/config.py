@@ -14,8 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .advantages import JOINT_MODES
-from .losses import LOSS_NORMALIZATIONS
+from .algorithms.advantages import JOINT_MODES
+from .algorithms.losses import LOSS_NORMALIZATIONS
 from .errors import ConfigError
 
 ADVANTAGE_MODES = ("none", "mean", "loo", "max")
@@ -60,8 +60,15 @@ def type_problem(name: str, value: Any, types: frozenset) -> str | None:
     strings themselves, see runconfig._coerce_floats). A bool is not a number here, a float not an integer.
     """
     want_bool, want_int, want_float = bool in types, int in types, float in types
-    expected = ("True, False or an integer" if want_bool and want_int else "True or False" if want_bool
-                else "a number" if want_float else "an integer")
+    expected = (
+        "True, False or an integer"
+        if want_bool and want_int
+        else "True or False"
+        if want_bool
+        else "a number"
+        if want_float
+        else "an integer"
+    )
     if value is None:
         return None if type(None) in types else f"{name}=None; pass {expected}."
     if isinstance(value, bool):
@@ -125,20 +132,27 @@ class TrainConfig:
     """
 
     # --- run ---
-    output_dir: str = _help("output", "Directory for checkpoints, metrics and final models. A directory that holds "
-                            "another run's metrics is refused unless overwrite_output_dir or resuming.")
-    overwrite_output_dir: bool = _help(False, "Replace the metrics of a previous run in output_dir instead of refusing it.")
+    output_dir: str = _help(
+        "output",
+        "Directory for checkpoints, metrics and final models. A directory that holds "
+        "another run's metrics is refused unless overwrite_output_dir or resuming.",
+    )
+    overwrite_output_dir: bool = _help(
+        False, "Replace the metrics of a previous run in output_dir instead of refusing it."
+    )
     seed: int = _help(42, "Seed for python, numpy and torch; two runs with the same seed are identical on CPU.")
     num_train_epochs: float = _help(1.0, "Passes over the training dataset (ignored when max_steps > 0).")
     max_steps: int = _help(
-        -1, "Optimizer steps of the run (TRL's global steps: each takes gradient_accumulation_steps rollouts); > 0 "
-        "overrides num_train_epochs."
+        -1,
+        "Optimizer steps of the run (TRL's global steps: each takes gradient_accumulation_steps rollouts); > 0 "
+        "overrides num_train_epochs.",
     )
     per_device_train_batch_size: int = _help(
-        1, "Dataset rows (prompts) per rollout, per rank. Each row gets num_generations samples per agent. Under "
+        1,
+        "Dataset rows (prompts) per rollout, per rank. Each row gets num_generations samples per agent. Under "
         "torchrun every rank of the job samples the same rows (ranks split agents and the rows' samples, not the "
         "dataset), so the global batch of one optimizer step is per_device_train_batch_size x "
-        "gradient_accumulation_steps rows, whatever the number of ranks."
+        "gradient_accumulation_steps rows, whatever the number of ranks.",
     )
     shuffle: bool = _help(True, "Shuffle the training rows each epoch (seeded).")
     device: str = _help("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
@@ -154,34 +168,40 @@ class TrainConfig:
     warmup_steps: int = _help(0, "Linear warmup optimizer steps (overrides warmup_ratio when > 0).")
     warmup_ratio: float = _help(0.0, "Fraction of optimizer steps used for linear warmup.")
     gradient_accumulation_steps: int = _help(1, "Rollouts whose losses are accumulated into one optimizer step.")
-    forward_batch_size: int | None = _help(None, "Sequences per forward/backward chunk (bounds memory); None = all at once.")
+    forward_batch_size: int | None = _help(
+        None, "Sequences per forward/backward chunk (bounds memory); None = all at once."
+    )
     bf16: bool | None = _help(
-        None, "Run forward passes and generation in bfloat16 (autocast; trained weights and optimizer states stay "
+        None,
+        "Run forward passes and generation in bfloat16 (autocast; trained weights and optimizer states stay "
         "fp32). With peft_config the frozen base is stored in bf16; the adapters stay fp32. None (default, like "
         "TRL's bf16 default): on where the device computes bf16 natively (CUDA with bf16, CPUs with AVX512-BF16 or "
-        "AMX), fp32 elsewhere; detected once per trainer and logged. False: exact fp32."
+        "AMX), fp32 elsewhere; detected once per trainer and logged. False: exact fp32.",
     )
     gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
     malloc_mmap_threshold_kb: int | None = _help(
-        None, "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
+        None,
+        "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
         "freed, so freed activations do not stay resident. A 2-agent SmolLM2-135M fp32 full fine-tune at 256: peak "
-        "RSS 4.47 -> 4.05 GB, but the loss pass ~40% slower (page faults). None: leave malloc's settings alone."
+        "RSS 4.47 -> 4.05 GB, but the loss pass ~40% slower (page faults). None: leave malloc's settings alone.",
     )
     release_memory: bool = _help(
-        True, "CPU, glibc: hand the heap pages freed by the rollout and by the update back to the OS before the next "
+        True,
+        "CPU, glibc: hand the heap pages freed by the rollout and by the update back to the OS before the next "
         "phase (lower peak RSS, more page faults). Measured, issue-6 config: 2 x SmolLM2-135M fp32 with bf16 rollouts, "
         "peak RSS 4.56 GB (4.99 without, time unchanged); a 2-agent LoRA team, 1.95 GB (2.02-2.05 without, the loss "
-        "~0.1 s per step faster)."
+        "~0.1 s per step faster).",
     )
     share_base: bool = _help(
         True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
     )
     team_lora_forward: bool | int = _help(
-        2, "With a shared LoRA base and bf16: how many agents' loss forward/backward run as one routed pass of the "
+        2,
+        "With a shared LoRA base and bf16: how many agents' loss forward/backward run as one routed pass of the "
         "base per micro-batch, each row through its own agent's adapter (same gradients as one pass per agent). 1 or "
         "False: one pass per agent; True: the whole team. Trades memory for time: the activations of every agent in a "
         "pass are live at once. SmolLM2-135M, issue-6 config, 2 agents in one pass: loss 1.43-1.47 -> 1.30-1.33 s per "
-        "step, peak RSS ~1.6 -> 1.95 GB; 4 agents in one pass: loss 2.9 -> 2.3 s, peak 1.7 -> 2.6 GB."
+        "step, peak RSS ~1.6 -> 1.95 GB; 4 agents in one pass: loss 2.9 -> 2.3 s, peak 1.7 -> 2.6 GB.",
     )
     # --- generation ---
     num_generations: int = _help(4, "Samples per agent per prompt (G); the group for the baseline.")
@@ -189,38 +209,46 @@ class TrainConfig:
     max_completion_length: int | None = _help(None, "TRL name for max_new_tokens; must agree if both are set.")
     max_prompt_length: int | None = _help(None, "Truncate prompts to their last N tokens (None = no truncation).")
     temperature: float = _help(
-        1.0, "Sampling temperature of training rollouts. The policy trained and scored (loss, ratio, KL, rollout "
-        "log-probs) is softmax(logits / temperature), as in TRL."
+        1.0,
+        "Sampling temperature of training rollouts. The policy trained and scored (loss, ratio, KL, rollout "
+        "log-probs) is softmax(logits / temperature), as in TRL.",
     )
-    top_p: float = _help(1.0, "Nucleus sampling threshold (rollouts only: truncation is not part of the scored policy).")
+    top_p: float = _help(
+        1.0, "Nucleus sampling threshold (rollouts only: truncation is not part of the scored policy)."
+    )
     top_k: int = _help(0, "Top-k sampling, 0 disables (rollouts only: truncation is not part of the scored policy).")
     repetition_penalty: float = _help(
-        1.0, "Penalty > 1 on tokens already in the prompt or the completion (transformers' semantics: positive "
-        "logits divided by it, negative ones multiplied), rollouts only, not part of the scored policy; 1 disables."
+        1.0,
+        "Penalty > 1 on tokens already in the prompt or the completion (transformers' semantics: positive "
+        "logits divided by it, negative ones multiplied), rollouts only, not part of the scored policy; 1 disables.",
     )
     fast_generation: bool = _help(
-        True, "Sample with comlrl's own decode loop (static KV cache; Llama/Mistral/Qwen2 layouts, else a generic "
-        "path) instead of transformers' generate; same distribution, greedy outputs identical."
+        True,
+        "Sample with comlrl's own decode loop (static KV cache; Llama/Mistral/Qwen2 layouts, else a generic "
+        "path) instead of transformers' generate; same distribution, greedy outputs identical.",
     )
     concurrent_rollout: bool = _help(
-        True, "On CPU, decode a team's distinct models at once, one thread and its share of the cores each (measured "
+        True,
+        "On CPU, decode a team's distinct models at once, one thread and its share of the cores each (measured "
         "~13% less rollout time for 2 fp32 SmolLM2-135M agents). Each model decodes from its own weight copy, so when "
         "those are made per step (fp32 weights, which change every update) the rollout holds both at once: +0.1-0.2 "
         "GB peak RSS for 2 full fine-tuned SmolLM2-135M agents. Turn off to keep the smaller peak. Kernels on fewer "
-        "threads sum in another order, so a run's samples can differ from the same run with this off."
+        "threads sum in another order, so a run's samples can differ from the same run with this off.",
     )
     rollout_dtype: str | None = _help(
-        None, "Compute dtype of the rollout decode: None = bfloat16 when bf16 is set, else the model's own; "
+        None,
+        "Compute dtype of the rollout decode: None = bfloat16 when bf16 is set, else the model's own; "
         "'bfloat16' with fp32 training samples from a bf16 copy of the weights (about 2x the decode tokens/s on CPUs "
         "with bf16 matmul units and on GPUs) -- a slightly different policy than the fp32 one the loss scores "
-        "(see rollout_correction)."
+        "(see rollout_correction).",
     )
     rollout_correction: str | None = _help(
-        "tis", "When the rollout decodes in another dtype than the training forward (rollout_dtype), the tokens come "
+        "tis",
+        "When the rollout decodes in another dtype than the training forward (rollout_dtype), the tokens come "
         "from a slightly different policy than the one the loss scores. 'tis': the rollout records each sampled "
         "token's log-prob and the loss weighs the token by min(p_train / p_rollout, rollout_is_cap), truncated "
         "importance sampling as in verl's rollout correction (Yao et al. 2025); metrics rollout_is_weight, "
-        "rollout_is_capped, rollout_kl. None: no correction. No effect when the two dtypes agree."
+        "rollout_is_capped, rollout_kl. None: no correction. No effect when the two dtypes agree.",
     )
     rollout_is_cap: float = _help(2.0, "Upper bound of the per-token importance weight of rollout_correction='tis'.")
     apply_chat_template: bool | list = _help(
@@ -247,12 +275,14 @@ class TrainConfig:
     disable_dropout: bool = _help(False, "Set every dropout probability of the agents' models to 0 (as TRL's option).")
     # --- scale-out (torchrun; see docs/distributed.md) ---
     placement: dict | None = _help(
-        None, "Under torchrun: agent index -> rank or list of ranks (its replicas; rows are split across them). "
-        "None: round-robin when ranks <= agents, else rank = replica * num_agents + agent."
+        None,
+        "Under torchrun: agent index -> rank or list of ranks (its replicas; rows are split across them). "
+        "None: round-robin when ranks <= agents, else rank = replica * num_agents + agent.",
     )
     dist_timeout: float = _help(
-        1800.0, "Under torchrun: seconds a process waits for the others at a collective before failing, so a dead "
-        "or hung rank stops the job instead of hanging it. Must exceed the slowest reward computation."
+        1800.0,
+        "Under torchrun: seconds a process waits for the others at a collective before failing, so a dead "
+        "or hung rank stops the job instead of hanging it. Must exceed the slowest reward computation.",
     )
 
     def __post_init__(self) -> None:
@@ -272,18 +302,27 @@ class TrainConfig:
             (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
             (self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {SCHEDULERS}"),
             (self.forward_batch_size is None or self.forward_batch_size >= 1, "forward_batch_size", "must be >= 1"),
-            (isinstance(self.team_lora_forward, bool) or (isinstance(self.team_lora_forward, int)
-                                                         and self.team_lora_forward >= 1),
-             "team_lora_forward", "must be true, false or a number of agents >= 1"),
-            (self.malloc_mmap_threshold_kb is None or self.malloc_mmap_threshold_kb >= 1, "malloc_mmap_threshold_kb",
-             "must be >= 1 (or None)"),
+            (
+                isinstance(self.team_lora_forward, bool)
+                or (isinstance(self.team_lora_forward, int) and self.team_lora_forward >= 1),
+                "team_lora_forward",
+                "must be true, false or a number of agents >= 1",
+            ),
+            (
+                self.malloc_mmap_threshold_kb is None or self.malloc_mmap_threshold_kb >= 1,
+                "malloc_mmap_threshold_kb",
+                "must be >= 1 (or None)",
+            ),
             (self.max_steps > 0 or self.num_train_epochs > 0, "max_steps", "set max_steps > 0 or num_train_epochs > 0"),
             (self.dist_timeout > 0, "dist_timeout", "must be > 0 seconds"),
             (self.rollout_dtype in ROLLOUT_DTYPES, "rollout_dtype", f"must be one of {ROLLOUT_DTYPES}"),
             (self.rollout_correction in (None, "tis"), "rollout_correction", "must be 'tis' or None"),
             (self.rollout_is_cap >= 1.0, "rollout_is_cap", "must be >= 1"),
-            (self.placement is None or isinstance(self.placement, dict), "placement",
-             "must be a mapping agent index -> rank or list of ranks"),
+            (
+                self.placement is None or isinstance(self.placement, dict),
+                "placement",
+                "must be a mapping agent index -> rank or list of ranks",
+            ),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -298,9 +337,7 @@ class TrainConfig:
             return
         given = getattr(self, "_given_fields", None)
         if (name in given if given is not None else v != default) and v != a:
-            raise ConfigError(
-                f"{type(self).__name__}: {alias}={a!r} contradicts {name}={v!r}; set only one of them."
-            )
+            raise ConfigError(f"{type(self).__name__}: {alias}={a!r} contradicts {name}={v!r}; set only one of them.")
         setattr(self, name, a)
 
     def to_dict(self) -> dict[str, Any]:
@@ -334,14 +371,16 @@ class PolicyConfig(TrainConfig):
         "normalizes per local batch). TRL's default is dapo, the same normalization as token_mean.",
     )
     turn_weighting: str = _help(
-        "samples", "Multi-turn: 'samples' (default): every sample of a step weighs alike, so turn t weighs in "
+        "samples",
+        "Multi-turn: 'samples' (default): every sample of a step weighs alike, so turn t weighs in "
         "proportion to its node count (G^t, or G^(N t) in cross mode), as each tree node weighs alike in the "
         "reference library; 'turns': the loss_type normalization runs within each turn and the turns are averaged, "
-        "so each turn weighs the same whatever its node count."
+        "so each turn weighs the same whatever its node count.",
     )
     mask_truncated_completions: bool = _help(
-        False, "Leave completions that hit max_new_tokens without EOS out of the loss (they still count in the "
-        "rewards and baselines), as TRL's option."
+        False,
+        "Leave completions that hit max_new_tokens without EOS out of the loss (they still count in the "
+        "rewards and baselines), as TRL's option.",
     )
     epsilon: float = _help(0.2, "PPO ratio clip range; only active when num_iterations > 1.")
     epsilon_high: float | None = _help(
@@ -381,12 +420,16 @@ class MAGRPOConfig(PolicyConfig):
     no std scaling, so the four baselines give different updates.
     """
 
-    joint_mode: str = _help("align", "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample "
-                                     "(multi-turn: a child node per joint action).")
+    joint_mode: str = _help(
+        "align",
+        "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample "
+        "(multi-turn: a child node per joint action).",
+    )
     advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
     scale_rewards: str | bool = _help(
-        "none", f"Divide advantages by the std of the group or batch: {SCALE_MODES}; TRL's True means 'group', "
-        "False 'none'. The default differs from TRL's (group): without it the four baselines give different updates."
+        "none",
+        f"Divide advantages by the std of the group or batch: {SCALE_MODES}; TRL's True means 'group', "
+        "False 'none'. The default differs from TRL's (group): without it the four baselines give different updates.",
     )
 
     def __post_init__(self) -> None:
@@ -410,7 +453,15 @@ class MAGRPOConfig(PolicyConfig):
 
 
 def _variant(name: str, mode: str, doc: str) -> type:
-    cls = type(name, (MAGRPOConfig,), {"__doc__": doc, "__annotations__": {"advantage_mode": str}, "advantage_mode": _help(mode, MAGRPOConfig.field_help()["advantage_mode"])})
+    cls = type(
+        name,
+        (MAGRPOConfig,),
+        {
+            "__doc__": doc,
+            "__annotations__": {"advantage_mode": str},
+            "advantage_mode": _help(mode, MAGRPOConfig.field_help()["advantage_mode"]),
+        },
+    )
     cls.__module__ = __name__
     return config_class(cls)
 
@@ -426,17 +477,21 @@ class ActorCriticConfig(PolicyConfig):
 
     critic_type: str = _help("v", "'v': V(prompts); 'q' (MAAC only): Q(prompts, joint action), node value = mean of Q.")
     use_separate_critic: bool = _help(
-        True, "True: a separate value model (critic_model); False: a value head on the actor's own backbone "
-        "(features detached: the value loss trains the head only)."
+        True,
+        "True: a separate value model (critic_model); False: a value head on the actor's own backbone "
+        "(features detached: the value loss trains the head only).",
     )
-    critic_model: str | None = _help(None, "Model source of the separate critic (None = the actor's source); may be smaller.")
+    critic_model: str | None = _help(
+        None, "Model source of the separate critic (None = the actor's source); may be smaller."
+    )
     critic_learning_rate: float = _help(1e-5, "AdamW learning rate of the critic (backbone and head).")
     critic_max_grad_norm: float = _help(1.0, "Gradient-norm clip of the critic (0 disables).")
     gae_lambda: float = _help(1.0, "GAE lambda over turns: 1 = Monte-Carlo tree returns, 0 = TD(0).")
     value_clip: float | None = _help(None, "Clip the value update around the pre-update values (None = off).")
     normalize_advantages: bool = _help(
-        True, "Normalize each agent's advantages to zero mean, unit std per rollout (on by default, as in CleanRL's and "
-        "TRL's PPO: early on, an untrained critic's V is far from the returns and raw advantages share one sign)."
+        True,
+        "Normalize each agent's advantages to zero mean, unit std per rollout (on by default, as in CleanRL's and "
+        "TRL's PPO: early on, an untrained critic's V is far from the returns and raw advantages share one sign).",
     )
 
     def __post_init__(self) -> None:
@@ -455,7 +510,9 @@ class IACConfig(ActorCriticConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.critic_type != "v":
-            raise ConfigError("IACConfig.critic_type='q': an independent critic sees only its agent; use MAACConfig for Q.")
+            raise ConfigError(
+                "IACConfig.critic_type='q': an independent critic sees only its agent; use MAACConfig for Q."
+            )
 
 
 @config_class
@@ -465,5 +522,7 @@ class MAACConfig(ActorCriticConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.use_separate_critic:
-            raise ConfigError("MAACConfig.use_separate_critic=False: a centralized critic reads every agent's "
-                              "prompt, so it cannot live on one actor's backbone; use a separate critic.")
+            raise ConfigError(
+                "MAACConfig.use_separate_critic=False: a centralized critic reads every agent's "
+                "prompt, so it cannot live on one actor's backbone; use a separate critic."
+            )

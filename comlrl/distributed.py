@@ -9,7 +9,7 @@ nothing here runs. Under torchrun every process builds the same trainer; :class:
   Default: round-robin (agent i on rank i % world) when world <= num_agents; otherwise ``world = num_agents x R``
   and rank = replica * num_agents + agent. A rank loads, generates and updates only its own agents.
 * **Rollout**: the step's root nodes (and every later turn's nodes) are split into R contiguous shards; replica r
-  of every agent generates shard r. Sampling is keyed per row (:mod:`comlrl.sampling`), so what a row samples
+  of every agent generates shard r. Sampling is keyed per row (:mod:`comlrl.engine.sampling`), so what a row samples
   does not depend on which process generates it or with which other rows. Every (agent, shard) piece is
   all-gathered, so **every rank holds the full episode**, tensor for tensor what one process would have built.
 * **Scoring once**: rewards and multi-turn transitions run on rank 0 only (a code reward runs a sandbox; running
@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import pickle
 import shlex
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -51,9 +49,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import checkpoint as ck
+from .accel.shapes import pad_tokens
+from .engine.rollout import Samples
 from .errors import ComlrlError, ConfigError
-from .rollout import Samples
-from .shapes import pad_tokens
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +111,9 @@ def init(timeout_s: float | None = None, device: torch.device | str = "auto") ->
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
     atexit.register(shutdown)
     rank, size, local = world()
-    log.info("process group up: rank %d of %d (local rank %d), backend %s, device %s",
-             rank, size, local, backend, device)
+    log.info(
+        "process group up: rank %d of %d (local rank %d), backend %s, device %s", rank, size, local, backend, device
+    )
     return True
 
 
@@ -217,15 +217,19 @@ def resolve_placement(num_agents: int, world_size: int, placement: dict | None =
             raise ConfigError(f"placement[{i}]={ranks}: needs distinct ranks in 0..{w - 1} (world size {w}).")
     counts = {len(r) for r in table.values()}
     if len(counts) > 1:
-        raise ConfigError(f"placement: every agent needs the same number of replicas (rows are split into that many "
-                          f"shards); got {[len(table[i]) for i in range(n)]}.")
+        raise ConfigError(
+            f"placement: every agent needs the same number of replicas (rows are split into that many "
+            f"shards); got {[len(table[i]) for i in range(n)]}."
+        )
     out = Placement(tuple(tuple(table[i]) for i in range(n)), w)
     for rank in range(w):
         agents = out.agents_on(rank)
         replicas = {out.ranks[i].index(rank) for i in agents}
         if len(replicas) > 1:
-            raise ConfigError(f"placement: rank {rank} holds agents {agents} as different replicas {sorted(replicas)}; "
-                              "a rank generates one shard of rows, so all its agents must be the same replica.")
+            raise ConfigError(
+                f"placement: rank {rank} holds agents {agents} as different replicas {sorted(replicas)}; "
+                "a rank generates one shard of rows, so all its agents must be the same replica."
+            )
         if not agents:
             log.warning("placement: rank %d holds no agent; it only takes part in the collectives", rank)
     return out
@@ -246,8 +250,9 @@ def grad_buckets(tensors: list[torch.Tensor], cap_bytes: int = BUCKET_BYTES) -> 
     for t in tensors:
         nbytes = t.numel() * t.element_size()
         alone = nbytes >= cap_bytes
-        if current and (alone or t.dtype != current[0].dtype or t.device != current[0].device
-                        or size + nbytes > cap_bytes):
+        if current and (
+            alone or t.dtype != current[0].dtype or t.device != current[0].device or size + nbytes > cap_bytes
+        ):
             out.append(current)
             current, size = [], 0
         if alone:
@@ -280,14 +285,24 @@ def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
         return parts[0]
     p_width = max(p.prompt_ids.shape[1] for p in parts)
     c_width = max(p.completion_ids.shape[1] for p in parts)
-    prompts = [pad_tokens(p.prompt_ids, p.prompt_mask, left=True, multiple=1, pad_id=pad_id, width=p_width)
-               for p in parts]
-    completions = [pad_tokens(p.completion_ids, p.completion_mask, left=False, multiple=1, pad_id=pad_id,
-                              width=c_width) for p in parts]
-    logp = (None if any(p.rollout_logprobs is None for p in parts)
-            else torch.cat([F.pad(p.rollout_logprobs, (0, c_width - p.rollout_logprobs.shape[1])) for p in parts]))
-    return Samples(*(torch.cat(column) for column in (*zip(*prompts), *zip(*completions))),
-                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]), logp)
+    prompts = [
+        pad_tokens(p.prompt_ids, p.prompt_mask, left=True, multiple=1, pad_id=pad_id, width=p_width) for p in parts
+    ]
+    completions = [
+        pad_tokens(p.completion_ids, p.completion_mask, left=False, multiple=1, pad_id=pad_id, width=c_width)
+        for p in parts
+    ]
+    logp = (
+        None
+        if any(p.rollout_logprobs is None for p in parts)
+        else torch.cat([F.pad(p.rollout_logprobs, (0, c_width - p.rollout_logprobs.shape[1])) for p in parts])
+    )
+    return Samples(
+        *(torch.cat(column) for column in (*zip(*prompts), *zip(*completions))),
+        [t for p in parts for t in p.texts],
+        torch.cat([p.truncated for p in parts]),
+        logp,
+    )
 
 
 # --- the runtime -------------------------------------------------------------------------------------
@@ -325,11 +340,19 @@ class DistTeam:
                 continue
             backend = "nccl" if device.type == "cuda" else "gloo"
             self.grad_groups[i] = dist.new_group(list(ranks), backend=backend, timeout=timeout)
-            self.object_groups[i] = (self.grad_groups[i] if backend == "gloo"
-                                     else dist.new_group(list(ranks), backend="gloo", timeout=timeout))
+            self.object_groups[i] = (
+                self.grad_groups[i]
+                if backend == "gloo"
+                else dist.new_group(list(ranks), backend="gloo", timeout=timeout)
+            )
         if self.is_main:
-            log.info("torchrun placement (%d ranks, %d agents, %d replica(s)): %s", self.world_size,
-                     placement.num_agents, placement.replicas, placement.describe())
+            log.info(
+                "torchrun placement (%d ranks, %d agents, %d replica(s)): %s",
+                self.world_size,
+                placement.num_agents,
+                placement.replicas,
+                placement.describe(),
+            )
 
     @property
     def is_main(self) -> bool:
@@ -372,11 +395,19 @@ class DistTeam:
         return _run_once(fn, args, self.objects, self.rank, self._fail)
 
     # --- rollout ------------------------------------------------------------------------------------
-    def generate_team(self, agents: list, nodes: list, g: int, settings: Any, autocast_dtype: Any = None,
-                      seed: int | None = None) -> list[Samples]:
-        """Generate this rank's agents on its replica's shard of ``nodes``; return every agent's samples, all nodes."""
-        from .trainers.episode import generate_team
-
+    def generate_team(
+        self,
+        agents: list,
+        nodes: list,
+        g: int,
+        settings: Any,
+        autocast_dtype: Any = None,
+        seed: int | None = None,
+        *,
+        generate_team: Callable[..., list[Samples]],
+    ) -> list[Samples]:
+        """Generate this rank's agents on its replica's shard of ``nodes`` with ``generate_team`` (the loop's own,
+        :func:`comlrl.trainers.episode.generate_team`); return every agent's samples, all nodes."""
         mine: dict[int, tuple[Samples, int]] = {}
         if agents and self.replica is not None:
             lo, hi = shard_bounds(len(nodes), self.placement.replicas)[self.replica]
@@ -416,8 +447,9 @@ class DistTeam:
             return sums
         return self.sum_gradients(agent.params, sums, group, self.object_groups[agent.index], f"agent {agent.index}")
 
-    def sum_gradients(self, params: list, sums: dict[str, float], group: Any, object_group: Any,
-                      what: str) -> dict[str, float]:
+    def sum_gradients(
+        self, params: list, sums: dict[str, float], group: Any, object_group: Any, what: str
+    ) -> dict[str, float]:
         """Sum ``params``' gradients over the ranks of ``group`` (in place) and the metric ``sums`` over
         ``object_group`` (gloo, the same ranks); returns the summed metrics."""
         # A parameter without a gradient on every replica keeps grad=None (AdamW then skips it, as in one process).
@@ -429,8 +461,10 @@ class DistTeam:
                     p.grad = torch.zeros_like(p)
             grads = [p.grad for p, h in zip(params, has.tolist()) if h]
             # small gradients (LoRA factors, norms) travel coalesced: one collective per ~1 MB instead of one each
-            flats = [(bucket, torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0])
-                     for bucket in grad_buckets(grads, BUCKET_BYTES)]
+            flats = [
+                (bucket, torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0])
+                for bucket in grad_buckets(grads, BUCKET_BYTES)
+            ]
             works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True) for _, flat in flats]
             for work in works:
                 work.wait()
@@ -449,8 +483,12 @@ class DistTeam:
         ``agent``'s critic (IAC) lives on that agent's replicas; the centralized one (``agent`` None, MAAC) on every
         rank. The groups are None when the critic has a single copy."""
         if agent is not None:
-            return (self.replica or 0, self.placement.replicas, self.grad_groups.get(agent),
-                    self.object_groups.get(agent))
+            return (
+                self.replica or 0,
+                self.placement.replicas,
+                self.grad_groups.get(agent),
+                self.object_groups.get(agent),
+            )
         return self.rank, self.world_size, dist.group.WORLD, self.objects
 
     def merge_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -504,38 +542,25 @@ class NullTracker:
 
 def rng_file(rank: int) -> str:
     """Rank 0's RNG state is the single-process ``rng_state.pt``; other ranks add their own file."""
-    return "rng_state.pt" if rank == 0 else f"rng_state.rank{rank}.pt"
+    return ck.RNG_FILE if rank == 0 else f"rng_state.rank{rank}.pt"
 
 
 def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -> Path:
-    """:func:`comlrl.checkpoint.save_checkpoint` for a torchrun job (same layout, loadable by one process).
+    """:func:`comlrl.checkpoint.save_checkpoint` for a torchrun job, with its writer (same layout, loadable by one
+    process).
 
-    Rank 0 makes the temporary folder; every rank writes and fsyncs the agents it owns (weights, optimizer,
-    scheduler) and its RNG state; after a barrier that fails everywhere if any rank failed, rank 0 writes the
-    shared files and the manifest and renames the folder: a checkpoint is never published half-written.
+    Rank 0 makes the temporary folder; every rank writes and fsyncs the agents and critics it owns and its RNG state;
+    after a barrier that fails everywhere if any rank failed, rank 0 publishes it: a checkpoint is never published
+    half-written.
     """
-    from . import checkpoint as ck
-
     team: DistTeam = trainer.dist
     rng = ck.rng_state()  # first: nothing below may move a generator before it is captured
     root = Path(output_dir or trainer.args.output_dir)
     step = trainer.state["step"]
-    tmp = Path(team.run_once(_checkpoint_tmp, root, step))
+    tmp = Path(team.run_once(ck.make_tmp, root, step))
     error = None
     try:
-        with ck._quiet_transformers():
-            trainer.save_model(str(tmp))  # each agent by its owner rank; rank 0 adds comlrl_config.json
-        for agent in trainer.agents:
-            if team.owns(agent):
-                torch.save({"optimizer": agent.optimizer.state_dict(), "scheduler": agent.scheduler.state_dict()},
-                           tmp / agent.name / "training_state.pt")
-                ck._sync_tree(tmp / agent.name)
-        mine = {c.index: ck._critic_state(c) for c in getattr(trainer, "critics", []) if team.owns_critic(c.reads)}
-        if mine:  # rank 0 joins the parts into the single-process critics.pt
-            torch.save(mine, tmp / f"critics.rank{team.rank}.pt")
-            ck._fsync_file(tmp / f"critics.rank{team.rank}.pt")
-        torch.save(rng, tmp / rng_file(team.rank))
-        ck._fsync_file(tmp / rng_file(team.rank))
+        ck.write_parts(trainer, tmp, rng, team.rank, team.owns, team.owns_critic)
     except Exception as exc:  # noqa: BLE001 -- shared with every rank by sync()
         error = exc
     try:
@@ -544,64 +569,11 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
         if team.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Path(team.run_once(_publish_checkpoint, trainer, tmp, root, step))
-
-
-def _checkpoint_tmp(root: Path, step: int) -> str:
-    from .checkpoint import PREFIX
-
-    root.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{PREFIX}{step}.tmp-", dir=root)
-
-
-def _publish_checkpoint(trainer: Any, tmp: Path, root: Path, step: int) -> str:
-    """Rank 0: the shared files, the manifest (last), the atomic rename, pruning (as checkpoint.save_checkpoint)."""
-    from . import checkpoint as ck
-    from .tracking import git_info
-
-    try:
-        ck._write_text(tmp / "trainer_state.json", json.dumps({
-            "format": ck.FORMAT, "state": dict(trainer.state), "trainer": type(trainer).__name__,
-            "num_agents": trainer.num_agents, "seed": trainer.args.seed, "git": git_info(),
-            "args": trainer.args.to_dict(), "world_size": trainer.dist.world_size}, indent=2, default=str))
-        ck._write_text(tmp / "history.json", json.dumps(trainer.history))
-        if (root / "config.yaml").is_file():
-            ck._write_text(tmp / "config.yaml", (root / "config.yaml").read_text())
-        _join_critics(tmp, getattr(trainer, "num_critics", 0))
-        ck._write_manifest(tmp, step)
-        final = root / f"{ck.PREFIX}{step}"
-        ck._replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    ck.prune(root, trainer.args.save_total_limit)
-    log.info("saved %s", final)
-    return str(final)
-
-
-def _join_critics(tmp: Path, count: int) -> None:
-    """Rank 0: the critics' owners wrote ``critics.rank<r>.pt`` ({critic index: state}); one ``critics.pt`` (a list
-    in critic order, as one process writes it) replaces them."""
-    from . import checkpoint as ck
-
-    parts = sorted(tmp.glob("critics.rank*.pt"))
-    if not count and not parts:
-        return
-    states: dict[int, Any] = {}
-    for part in parts:
-        states.update(torch.load(part, map_location="cpu", weights_only=False))
-    if sorted(states) != list(range(count)):
-        raise ck.CheckpointError(f"checkpoint: the ranks wrote critics {sorted(states)}, expected 0..{count - 1}.")
-    torch.save([states[i] for i in range(count)], tmp / "critics.pt")
-    ck._fsync_file(tmp / "critics.pt")
-    for part in parts:
-        part.unlink()
+    return Path(team.run_once(ck.publish, trainer, tmp, root, step))
 
 
 def load_checkpoint(trainer: Any, path: str | os.PathLike) -> dict:
     """Every rank restores its own agents (and its RNG state); only rank 0 rewrites metrics.jsonl."""
-    from . import checkpoint as ck
-
     team: DistTeam = trainer.dist
     path = Path(path)
     # Ranks other than 0 point the metrics truncation at the checkpoint folder, which has no metrics file.
@@ -618,8 +590,16 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike) -> dict:
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     """The single-node torchrun command that runs ``python -m comlrl ARGS`` in ``nproc`` processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "comlrl", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "comlrl",
+        *args,
+    ]
 
 
 def exec_torchrun(nproc: int, args: list[str]) -> None:
@@ -629,4 +609,3 @@ def exec_torchrun(nproc: int, args: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(cmd[0], cmd)
-

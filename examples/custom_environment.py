@@ -39,7 +39,9 @@ def title_prompt(row: dict) -> str:
 
 
 def sentence_prompt(row: dict) -> str:
-    return f"Write one sentence about {row['topic']} that uses the word '{row['keyword']}'. Reply with the sentence only."
+    return (
+        f"Write one sentence about {row['topic']} that uses the word '{row['keyword']}'. Reply with the sentence only."
+    )
 
 
 # --- the team reward (README "The reward contract"): one list of completions per agent, one float per joint action
@@ -85,9 +87,19 @@ def tiny_model_and_tokenizer():
     tok.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config), tokenizer
 
 

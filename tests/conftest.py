@@ -18,6 +18,7 @@ def shared_data() -> Path:
         pytest.skip(f"{SHARED_DATA} not present")
     return SHARED_DATA
 
+
 # bf16=None detects native bf16 (this CPU class has AVX512-BF16): the suite's exact-fp32 checks pin the default off,
 # in this process and in the torchrun workers it starts; tests of the detection unset it
 os.environ.setdefault("COMLRL_BF16", "0")

@@ -32,8 +32,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
-BASE = dict(per_device_train_batch_size=4, num_generations=2, max_new_tokens=6, max_steps=3, learning_rate=1e-2,
-            logging_steps=1, disable_tqdm=True, seed=11, save_total_limit=None)
+BASE = dict(
+    per_device_train_batch_size=4,
+    num_generations=2,
+    max_new_tokens=6,
+    max_steps=3,
+    learning_rate=1e-2,
+    logging_steps=1,
+    disable_tqdm=True,
+    seed=11,
+    save_total_limit=None,
+)
 
 
 def length_reward(a: list[str], b: list[str]) -> list[float]:
@@ -61,8 +70,11 @@ def run(out: str | Path, spec: dict) -> dict:
 
     spec = dict(spec)
     kind = spec.pop("trainer", "magrpo")
-    trainer_class, config_class = {"magrpo": (MAGRPOTrainer, MAGRPOConfig), "iac": (IACTrainer, IACConfig),
-                                   "maac": (MAACTrainer, MAACConfig)}[kind]
+    trainer_class, config_class = {
+        "magrpo": (MAGRPOTrainer, MAGRPOConfig),
+        "iac": (IACTrainer, IACConfig),
+        "maac": (MAACTrainer, MAACConfig),
+    }[kind]
     hooks = {k: spec.pop(k) for k in ("die_at", "hang_at", "reward_error_at", "resume") if k in spec}
     model_kwargs = spec.pop("model", {})
     lora = spec.pop("lora", None)
@@ -104,20 +116,30 @@ def run(out: str | Path, spec: dict) -> dict:
         from peft import LoraConfig
 
         peft_config = LoraConfig(**lora)
-    trainer = HookedTrainer(model=model, tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=reward,
-                            formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"], args=args,
-                            peft_config=peft_config, external_transition=revise if args.num_turns > 1 else None)
+    trainer = HookedTrainer(
+        model=model,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=reward,
+        formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"],
+        args=args,
+        peft_config=peft_config,
+        external_transition=revise if args.num_turns > 1 else None,
+    )
     resume = checkpoint.latest_checkpoint(args.output_dir) if hooks.get("resume") else None
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     out.mkdir(parents=True, exist_ok=True)
     torch.save({a.index: own_weights(a) for a in trainer.agents}, out / f"weights.rank{rank}.pt")
     (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
     if kind != "magrpo":
-        torch.save({c.index: [p.detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
-                   out / f"critics.rank{rank}.pt")
+        torch.save(
+            {c.index: [p.detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
+            out / f"critics.rank{rank}.pt",
+        )
         (out / f"critic_rows.rank{rank}.json").write_text(json.dumps(getattr(trainer, "critic_rows", 0)))
-        (out / f"critic_dtypes.rank{rank}.json").write_text(json.dumps(
-            {c.index: str(next(c.model.backbone.parameters()).dtype) for c in trainer.critics}))
+        (out / f"critic_dtypes.rank{rank}.json").write_text(
+            json.dumps({c.index: str(next(c.model.backbone.parameters()).dtype) for c in trainer.critics})
+        )
     return result
 
 

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-
-from comlrl.advantages import normalize, tree_gae
-from comlrl.errors import ConfigError
-from comlrl.losses import value_loss
-from comlrl.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOTrainer
 from tiny import tiny_model, tiny_tokenizer
+
+from comlrl.algorithms.advantages import normalize, tree_gae
+from comlrl.algorithms.losses import value_loss
+from comlrl.errors import ConfigError
+from comlrl.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOTrainer
 
 CHAIN = dict(
     rewards=[torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.tensor([[3.0]])],
@@ -65,10 +65,26 @@ def fixed_reward(a, b, batch_items):
 
 
 def ac_trainer(cls, cfg_cls, transition=None, **kw):
-    settings = dict(per_device_train_batch_size=4, num_generations=2, max_new_tokens=3, max_steps=40, learning_rate=0.0,
-                    critic_learning_rate=3e-3, logging_steps=0, disable_tqdm=True, seed=0)
-    return cls(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=fixed_reward,
-               args=cfg_cls(**{**settings, **kw}), critic=tiny_model(seed=3), external_transition=transition)
+    settings = dict(
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_new_tokens=3,
+        max_steps=40,
+        learning_rate=0.0,
+        critic_learning_rate=3e-3,
+        logging_steps=0,
+        disable_tqdm=True,
+        seed=0,
+    )
+    return cls(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=fixed_reward,
+        args=cfg_cls(**{**settings, **kw}),
+        critic=tiny_model(seed=3),
+        external_transition=transition,
+    )
 
 
 @pytest.mark.parametrize("cls,cfg_cls", [(IACTrainer, IACConfig), (MAACTrainer, MAACConfig)])
@@ -79,9 +95,8 @@ def test_critic_learns_fixed_reward_per_prompt(cls, cfg_cls):
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.1 * first, (first, last)
     # steadily: the loss of each block of 10 steps is below the block before it
-    blocks = [sum(losses[i:i + 10]) / 10 for i in range(0, 40, 10)]
+    blocks = [sum(losses[i : i + 10]) / 10 for i in range(0, 40, 10)]
     assert all(b2 < b1 for b1, b2 in zip(blocks, blocks[1:])), blocks
-    from comlrl.trainers.episode import root_nodes
 
     ep = t.rollout(ROWS, [0, 1, 2, 3], t.generation_settings(), 2, t.reward_func)
     values, _ = t._values(ep)[0]
@@ -97,9 +112,17 @@ def test_maac_critic_updated_once_per_joint_sample():
 
 
 def test_maac_q_critic_and_multi_turn():
-    t = ac_trainer(MAACTrainer, MAACConfig, critic_type="q", max_steps=2, num_turns=2, gae_lambda=0.5,
-                   value_clip=0.2, normalize_advantages=True,
-                   transition=lambda agent_completions: [f"again: {c}" for c in agent_completions])
+    t = ac_trainer(
+        MAACTrainer,
+        MAACConfig,
+        critic_type="q",
+        max_steps=2,
+        num_turns=2,
+        gae_lambda=0.5,
+        value_clip=0.2,
+        normalize_advantages=True,
+        transition=lambda agent_completions: [f"again: {c}" for c in agent_completions],
+    )
     out = t.train()
     assert "critic/0/value_loss" in out["metrics"]
     ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
@@ -119,10 +142,22 @@ def test_iac_value_head_on_actor_backbone_moves_only_the_head():
 def test_actor_critic_works_with_one_generation_and_lora():
     from peft import LoraConfig
 
-    t = IACTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=fixed_reward,
-                   args=IACConfig(per_device_train_batch_size=2, num_generations=1, max_new_tokens=3, max_steps=2,
-                                  learning_rate=1e-2, logging_steps=0, disable_tqdm=True),
-                   peft_config=LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], lora_dropout=0.0))
+    t = IACTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=fixed_reward,
+        args=IACConfig(
+            per_device_train_batch_size=2,
+            num_generations=1,
+            max_new_tokens=3,
+            max_steps=2,
+            learning_rate=1e-2,
+            logging_steps=0,
+            disable_tqdm=True,
+        ),
+        peft_config=LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], lora_dropout=0.0),
+    )
     out = t.train()
     assert "critic/1/value_loss" in out["metrics"]
 
@@ -135,8 +170,18 @@ def test_bad_actor_critic_configs():
     with pytest.raises(ConfigError, match="gae_lambda"):
         IACConfig(gae_lambda=1.5)
     with pytest.raises(ConfigError, match="IACTrainer needs args=IACConfig"):
-        IACTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=fixed_reward,
-                   args=MAACConfig())
+        IACTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            reward_func=fixed_reward,
+            args=MAACConfig(),
+        )
     with pytest.raises(ConfigError, match="MAGRPOTrainer needs args=MAGRPOConfig"):
-        MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=fixed_reward,
-                      args=IACConfig())
+        MAGRPOTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            reward_func=fixed_reward,
+            args=IACConfig(),
+        )

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from comlrl.advantages import BASELINES, compute_advantages, cross_credit, register_baseline, tree_returns
+from comlrl.algorithms.advantages import BASELINES, compute_advantages, cross_credit, register_baseline, tree_returns
 
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
 
@@ -38,7 +38,9 @@ def test_group_std_scaling_is_opt_in():
 def test_batch_scaling_uses_all_returns():
     r = torch.tensor([[0.0, 2.0], [10.0, 14.0]])
     std = r.std(unbiased=False)
-    torch.testing.assert_close(compute_advantages(r, "mean", scale="batch"), torch.tensor([[-1.0, 1.0], [-2.0, 2.0]]) / (std + 1e-6))
+    torch.testing.assert_close(
+        compute_advantages(r, "mean", scale="batch"), torch.tensor([[-1.0, 1.0], [-2.0, 2.0]]) / (std + 1e-6)
+    )
 
 
 def test_edge_cases():

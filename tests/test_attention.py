@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from comlrl import attention, rollout
-from comlrl.fastgen import additive_mask
 from tiny import tiny_model
+
+from comlrl.accel import attention
+from comlrl.accel.fastgen import additive_mask
+from comlrl.engine import logprobs
 
 
 def _packed_mask(prompt_mask: torch.Tensor, slot_masks: torch.Tensor) -> torch.Tensor:
@@ -48,8 +49,10 @@ def test_slot_attention_matches_masked_attention_over_the_packed_row(dtype):
     kv = [torch.randn(u, hkv, length, d, dtype=dtype, requires_grad=True) for _ in range(2)]
     weights = torch.randn(u, length, hq, d, dtype=dtype)
     results = []
-    for fn in (lambda: attention.slot_attention_values(q, *kv, attention.slot_layout(bias, p, k, c), 0.35),
-               lambda: _eager(q, *kv, bias, 0.35)):
+    for fn in (
+        lambda: attention.slot_attention_values(q, *kv, attention.slot_layout(bias, p, k, c), 0.35),
+        lambda: _eager(q, *kv, bias, 0.35),
+    ):
         out = fn()
         grads = torch.autograd.grad((out * weights).sum(), [q, *kv])
         results.append((out, *grads))
@@ -84,12 +87,12 @@ def test_packed_forward_runs_slot_attention_and_restores_the_implementation(attn
     original = attention.slot_attention_values
     monkeypatch.setattr(attention, "slot_attention_values", lambda *a: calls.append(1) or original(*a))
     tensors = _grouped_batch()
-    packed = rollout.completion_logprobs(model, *tensors)
+    packed = logprobs.completion_logprobs(model, *tensors)
     layers = model.config.num_hidden_layers if attn == "eager" else 0
     assert len(calls) == layers
     assert model.config._attn_implementation == attn
-    monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
-    torch.testing.assert_close(packed, rollout.completion_logprobs(model, *tensors), atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args: None)
+    torch.testing.assert_close(packed, logprobs.completion_logprobs(model, *tensors), atol=1e-5, rtol=1e-5)
     assert len(calls) == layers  # separate rows: the model's own attention
     q = torch.zeros(1, 4, 3, 8)
     with pytest.raises(RuntimeError, match="only inside"):
@@ -99,12 +102,12 @@ def test_packed_forward_runs_slot_attention_and_restores_the_implementation(attn
 def test_slot_attention_is_left_out_under_activation_checkpointing_dropout_and_sdpa():
     model = tiny_model(seed=6, hidden=64)
     model.set_attn_implementation("eager")
-    assert rollout._slot_attention_fits(model.model)
+    assert attention.slot_attention_fits(model.model)
     model.gradient_checkpointing_enable()
-    assert not rollout._slot_attention_fits(model.model)
+    assert not attention.slot_attention_fits(model.model)
     model.gradient_checkpointing_disable()
     model.config.attention_dropout = 0.1
-    assert not rollout._slot_attention_fits(model.model)
+    assert not attention.slot_attention_fits(model.model)
     model.config.attention_dropout = 0.0
     model.set_attn_implementation("sdpa")
-    assert not rollout._slot_attention_fits(model.model)
+    assert not attention.slot_attention_fits(model.model)

@@ -11,25 +11,49 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import runconfig
-from comlrl.config import (IACConfig, MAACConfig, MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig,
-                           TrainConfig)
+from comlrl.config import (
+    IACConfig,
+    MAACConfig,
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+    TrainConfig,
+)
+from comlrl.engine.models import load_model, load_tokenizer
 from comlrl.errors import ConfigError, FormatterError, ModelLoadError, RewardError, TransitionError
-from comlrl.models import load_model, load_tokenizer
 from comlrl.trainers.episode import TRANSITION_KWARGS, Node, check_transition, transition
 from comlrl.trainers.magrpo import MAGRPOTrainer, MARLOOTrainer
 from comlrl.trainers.setup import check_batch_size
-from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"q{i}", "question": f"what is {i}?"} for i in range(4)]
 
 
 def make(reward=lambda a, b: [1.0], formatters=None, **cfg):
-    args = MAGRPOConfig(**{"per_device_train_batch_size": 2, "num_generations": 2, "max_new_tokens": 4,
-                           "max_steps": 1, "output_dir": "/tmp/comlrl_bad", "logging_steps": 0, "disable_tqdm": True, **cfg})
-    return MAGRPOTrainer(model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                         reward_func=reward, formatters=formatters or [lambda e: e["prompt"]] * 2, args=args)
+    args = MAGRPOConfig(
+        **{
+            "per_device_train_batch_size": 2,
+            "num_generations": 2,
+            "max_new_tokens": 4,
+            "max_steps": 1,
+            "output_dir": "/tmp/comlrl_bad",
+            "logging_steps": 0,
+            "disable_tqdm": True,
+            **cfg,
+        }
+    )
+    return MAGRPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=reward,
+        formatters=formatters or [lambda e: e["prompt"]] * 2,
+        args=args,
+    )
 
 
 @pytest.mark.parametrize(
@@ -53,7 +77,9 @@ def test_reward_raising_names_row_and_joint_action():
     def boom(a, b):
         raise ZeroDivisionError("bad division")
 
-    with pytest.raises(RewardError, match=r"joint action 0, dataset row \d+, turn 1\) raised ZeroDivisionError: bad division"):
+    with pytest.raises(
+        RewardError, match=r"joint action 0, dataset row \d+, turn 1\) raised ZeroDivisionError: bad division"
+    ):
         make(boom).train()
 
 
@@ -77,7 +103,9 @@ def test_formatter_raising_names_agent_and_row():
     def fmt(e):
         raise RuntimeError("broken template")
 
-    with pytest.raises(FormatterError, match="formatter of agent 1 raised RuntimeError on dataset row 0: broken template"):
+    with pytest.raises(
+        FormatterError, match="formatter of agent 1 raised RuntimeError on dataset row 0: broken template"
+    ):
         make(formatters=[lambda e: e["prompt"], fmt])
 
 
@@ -116,28 +144,58 @@ def test_num_agents_disagreements():
     with pytest.raises(ConfigError, match="agents=2, num_agents=3"):
         MAGRPOTrainer(agents=[m, m], num_agents=3, tokenizer=tok, train_dataset=ROWS, reward_func=lambda a, b: [0.0])
     with pytest.raises(ConfigError, match="num_agents=2, formatters=3"):
-        MAGRPOTrainer(model=m, num_agents=2, tokenizer=tok, train_dataset=ROWS, reward_func=lambda a, b: [0.0],
-                      formatters=[lambda e: e["prompt"]] * 3)
+        MAGRPOTrainer(
+            model=m,
+            num_agents=2,
+            tokenizer=tok,
+            train_dataset=ROWS,
+            reward_func=lambda a, b: [0.0],
+            formatters=[lambda e: e["prompt"]] * 3,
+        )
     with pytest.raises(ConfigError, match="disagrees with args.num_agents=3"):
-        MAGRPOTrainer(model=m, num_agents=2, tokenizer=tok, train_dataset=ROWS, reward_func=lambda a, b: [0.0],
-                      args=MAGRPOConfig(num_agents=3))
+        MAGRPOTrainer(
+            model=m,
+            num_agents=2,
+            tokenizer=tok,
+            train_dataset=ROWS,
+            reward_func=lambda a, b: [0.0],
+            args=MAGRPOConfig(num_agents=3),
+        )
     with pytest.raises(ConfigError, match="tokenizer= has 3 entries for 2 agents"):
         MAGRPOTrainer(model=m, num_agents=2, tokenizer=[tok] * 3, train_dataset=ROWS, reward_func=lambda a, b: [0.0])
 
 
 def test_trainer_variant_rejects_other_baseline():
     with pytest.raises(ConfigError, match="MARLOOTrainer uses advantage_mode='loo'"):
-        MARLOOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=lambda a, b: [0.0],
-                      args=MAGRPOConfig())
+        MARLOOTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            reward_func=lambda a, b: [0.0],
+            args=MAGRPOConfig(),
+        )
 
 
 def test_multi_turn_needs_transition_and_checks_its_output():
     with pytest.raises(ConfigError, match="external_transition"):
         make(num_turns=2)
-    args = MAGRPOConfig(per_device_train_batch_size=1, num_generations=2, max_new_tokens=3, max_steps=1,
-                        num_turns=2, logging_steps=0, disable_tqdm=True)
-    tr = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=lambda a, b: [0.0],
-                       external_transition=lambda agent_completions: "only one string", args=args)
+    args = MAGRPOConfig(
+        per_device_train_batch_size=1,
+        num_generations=2,
+        max_new_tokens=3,
+        max_steps=1,
+        num_turns=2,
+        logging_steps=0,
+        disable_tqdm=True,
+    )
+    tr = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=lambda a, b: [0.0],
+        external_transition=lambda agent_completions: "only one string",
+        args=args,
+    )
     with pytest.raises(TransitionError, match="must return 2 prompt strings"):
         tr.train()
 
@@ -152,8 +210,9 @@ def test_missing_reward_and_model():
 # --- messages that say what was wrong and what to do ------------------------------------------------
 
 
-@pytest.mark.parametrize("value,kind", [(torch.tensor(1.0), "0-d Tensor"), (np.array(1.0), "0-d ndarray"),
-                                        (np.float64(1.0), "number")])
+@pytest.mark.parametrize(
+    "value,kind", [(torch.tensor(1.0), "0-d Tensor"), (np.array(1.0), "0-d ndarray"), (np.float64(1.0), "number")]
+)
 def test_reward_returning_a_scalar_says_to_return_a_list(value, kind):
     with pytest.raises(RewardError, match=rf"returned a {kind} .*list with one float per joint action \(1 here\)"):
         make(lambda a, b: value).train()
@@ -174,18 +233,24 @@ def test_reward_as_a_1d_tensor_is_accepted():
     assert make(batched).train()["metrics"]["reward/mean"] == 1.0
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"learning_rate": "1e-4"}, "MAGRPOConfig.learning_rate='1e-4' is a string; pass a number: learning_rate=1e-4."),
-    ({"num_generations": "8"}, "MAGRPOConfig.num_generations='8' is a string; pass an integer: num_generations=8."),
-    ({"max_steps": "1e3"}, "max_steps='1e3' is a string; pass an integer: max_steps=1000."),
-    ({"shuffle": "false"}, "MAGRPOConfig.shuffle='false' is a string; pass True or False: shuffle=False"),
-    ({"learning_rate": True}, "MAGRPOConfig.learning_rate=True is a bool; pass a number."),
-    ({"max_steps": 2.0}, "MAGRPOConfig.max_steps=2.0 is a float; pass an integer: max_steps=2."),
-    ({"seed": None}, "MAGRPOConfig.seed=None; pass an integer."),
-    ({"bf16": 2}, "MAGRPOConfig.bf16=2; pass True or False."),
-    ({"team_lora_forward": "2"}, "team_lora_forward='2' is a string; pass True, False or an integer"),
-    ({"eval_max_rows": "8"}, "eval_max_rows='8' is a string; pass an integer: eval_max_rows=8."),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            {"learning_rate": "1e-4"},
+            "MAGRPOConfig.learning_rate='1e-4' is a string; pass a number: learning_rate=1e-4.",
+        ),
+        ({"num_generations": "8"}, "MAGRPOConfig.num_generations='8' is a string; pass an integer: num_generations=8."),
+        ({"max_steps": "1e3"}, "max_steps='1e3' is a string; pass an integer: max_steps=1000."),
+        ({"shuffle": "false"}, "MAGRPOConfig.shuffle='false' is a string; pass True or False: shuffle=False"),
+        ({"learning_rate": True}, "MAGRPOConfig.learning_rate=True is a bool; pass a number."),
+        ({"max_steps": 2.0}, "MAGRPOConfig.max_steps=2.0 is a float; pass an integer: max_steps=2."),
+        ({"seed": None}, "MAGRPOConfig.seed=None; pass an integer."),
+        ({"bf16": 2}, "MAGRPOConfig.bf16=2; pass True or False."),
+        ({"team_lora_forward": "2"}, "team_lora_forward='2' is a string; pass True, False or an integer"),
+        ({"eval_max_rows": "8"}, "eval_max_rows='8' is a string; pass an integer: eval_max_rows=8."),
+    ],
+)
 def test_config_value_of_the_wrong_type_names_field_value_and_fix(kwargs, message):
     with pytest.raises(ConfigError) as info:
         MAGRPOConfig(**kwargs)
@@ -193,8 +258,16 @@ def test_config_value_of_the_wrong_type_names_field_value_and_fix(kwargs, messag
 
 
 def test_config_types_accepted_and_variants_checked():
-    a = MAGRPOConfig(learning_rate=0, seed=np.int64(3), adam_epsilon=np.float32(1e-6), bf16=1, team_lora_forward=True,
-                     eval_max_rows=None, report_to="none", output_dir=Path("/tmp/comlrl_bad"))
+    a = MAGRPOConfig(
+        learning_rate=0,
+        seed=np.int64(3),
+        adam_epsilon=np.float32(1e-6),
+        bf16=1,
+        team_lora_forward=True,
+        eval_max_rows=None,
+        report_to="none",
+        output_dir=Path("/tmp/comlrl_bad"),
+    )
     assert a.learning_rate == 0 and a.seed == 3 and a.report_to == []
     assert MAGRPOConfig(team_lora_forward=3).team_lora_forward == 3
     for cls in (TrainConfig, MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig, IACConfig, MAACConfig):
@@ -205,8 +278,10 @@ def test_config_types_accepted_and_variants_checked():
 
 def test_yaml_numbers_still_load_and_yaml_strings_are_named(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("env: {name: tldr}\nmodel: embedded\n"
-                    "training: {learning_rate: 5.0e-4, adam_epsilon: 1e-6, num_generations: 2}\n")
+    path.write_text(
+        "env: {name: tldr}\nmodel: embedded\n"
+        "training: {learning_rate: 5.0e-4, adam_epsilon: 1e-6, num_generations: 2}\n"
+    )
     args = runconfig.load_config(path).trainer_config()
     assert (args.learning_rate, args.adam_epsilon, args.num_generations) == (5e-4, 1e-6, 2)
     args = runconfig.load_config(path, ["training.learning_rate=5e-4"]).trainer_config()  # PyYAML: a string
@@ -242,7 +317,7 @@ def test_one_tokenizer_for_models_with_different_vocabularies_asks_for_one_per_a
 
 HUB_SCRIPT = """
 import json, sys, time
-from comlrl.models import load_model, load_tokenizer
+from comlrl.engine.models import load_model, load_tokenizer
 out = {}
 for source in ("someorg/somemodel", "someorg/tiny"):
     start = time.perf_counter()
@@ -309,11 +384,24 @@ def test_transition_receives_every_documented_keyword():
 
 
 def test_wrong_transition_signature_fails_at_construction_with_the_valid_names():
-    args = MAGRPOConfig(per_device_train_batch_size=1, num_generations=2, max_new_tokens=3, max_steps=1,
-                        num_turns=2, logging_steps=0, disable_tqdm=True)
+    args = MAGRPOConfig(
+        per_device_train_batch_size=1,
+        num_generations=2,
+        max_new_tokens=3,
+        max_steps=1,
+        num_turns=2,
+        logging_steps=0,
+        disable_tqdm=True,
+    )
     with pytest.raises(TransitionError, match="requires 'completions', which comlrl does not pass") as info:
-        MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=lambda a, b: [0.0],
-                      external_transition=lambda prompts, completions: prompts, args=args)
+        MAGRPOTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            reward_func=lambda a, b: [0.0],
+            external_transition=lambda prompts, completions: prompts,
+            args=args,
+        )
     assert ", ".join(TRANSITION_KWARGS) in str(info.value)
 
 

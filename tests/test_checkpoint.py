@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 import toy_env
+from safetensors.torch import load_file
+from tiny import tiny_model, tiny_tokenizer
+
 from comlrl import checkpoint
 from comlrl.cli import main
-from comlrl.config import MAGRPOConfig
 from comlrl.tracking import read_metrics, truncate_metrics
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(6)]
 TESTS = Path(__file__).parent
@@ -32,12 +31,28 @@ def length_reward(a, b):
 
 
 def trainer(out, peft_config=None, cls=MAGRPOTrainer, **kw):
-    args = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=6, max_steps=4, learning_rate=1e-2,
-                disable_tqdm=True, output_dir=str(out), save_steps=2, save_total_limit=None, seed=11)
+    args = dict(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=6,
+        max_steps=4,
+        learning_rate=1e-2,
+        disable_tqdm=True,
+        output_dir=str(out),
+        save_steps=2,
+        save_total_limit=None,
+        seed=11,
+    )
     args.update(kw)
-    return cls(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-               formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More:"],
-               args=cls.config_class(**args), peft_config=peft_config)
+    return cls(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More:"],
+        args=cls.config_class(**args),
+        peft_config=peft_config,
+    )
 
 
 def state(t):
@@ -79,7 +94,9 @@ def test_resume_in_process_is_bitwise_identical(tmp_path, kind):
             for p, q in zip(ca.model.parameters(), cb.model.parameters()):
                 assert torch.equal(p, q)
     assert strip(again.history) == strip(full.history)
-    assert strip(read_metrics(tmp_path / "b")) == strip(read_metrics(tmp_path / "a"))  # later lines replaced, not doubled
+    assert strip(read_metrics(tmp_path / "b")) == strip(
+        read_metrics(tmp_path / "a")
+    )  # later lines replaced, not doubled
     if kind == "lora":  # the checkpoint holds adapters, not copies of the base
         assert (tmp_path / "b" / "checkpoint-2" / "agent_0" / "adapter_model.safetensors").is_file()
 
@@ -90,8 +107,14 @@ def test_checkpoint_contents_and_pruning(tmp_path):
     assert [s for s, _ in checkpoint.checkpoints(tmp_path)] == [3, 4]
     ck = tmp_path / "checkpoint-4"
     names = {p.relative_to(ck).as_posix() for p in ck.rglob("*") if p.is_file()}
-    assert {"manifest.json", "rng_state.pt", "trainer_state.json", "history.json", "agent_0/training_state.pt",
-            "agent_1/model.safetensors"} <= names
+    assert {
+        "manifest.json",
+        "rng_state.pt",
+        "trainer_state.json",
+        "history.json",
+        "agent_0/training_state.pt",
+        "agent_1/model.safetensors",
+    } <= names
     meta = json.loads((ck / "trainer_state.json").read_text())
     assert meta["state"] == {"step": 4, "rollouts": 4, "epoch": 1, "batch_in_epoch": 1}
     assert meta["seed"] == 11 and "git" in meta
@@ -188,9 +211,14 @@ DRIVER = textwrap.dedent("""
 
 
 def run_until_killed(script, mode, step, marker, argv, timeout=180):
-    proc = subprocess.Popen([sys.executable, str(script), mode, str(step), str(marker), *argv], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode, str(step), str(marker), *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
     deadline = time.time() + timeout
     while not marker.exists():
         if proc.poll() is not None:
@@ -240,7 +268,11 @@ def test_killed_mid_checkpoint_and_mid_step_resumes_to_the_uninterrupted_result(
     assert main(["train", cfg, "--set", f"output_dir={b}", "--resume"]) == 0
 
     starts = json.loads((b / "run.json").read_text())["starts"]
-    assert [Path(s["resumed_from"]).name if s["resumed_from"] else None for s in starts] == [None, "checkpoint-2", "checkpoint-4"]
+    assert [Path(s["resumed_from"]).name if s["resumed_from"] else None for s in starts] == [
+        None,
+        "checkpoint-2",
+        "checkpoint-4",
+    ]
     for agent in ("agent_0", "agent_1"):
         wa = load_file(str(tmp_path / "a" / "final" / agent / "model.safetensors"))
         wb = load_file(str(b / "final" / agent / "model.safetensors"))
@@ -251,4 +283,6 @@ def test_killed_mid_checkpoint_and_mid_step_resumes_to_the_uninterrupted_result(
     assert [r["step"] for r in mb] == [1, 2, 3, 4, 5, 6]
     assert strip(ma) == strip(mb)
     assert any(r["reward/std"] > 0 for r in ma)  # the updates were not all zero
-    assert json.loads((tmp_path / "a" / "eval_after.json").read_text()) == json.loads((b / "eval_after.json").read_text())
+    assert json.loads((tmp_path / "a" / "eval_after.json").read_text()) == json.loads(
+        (b / "eval_after.json").read_text()
+    )

@@ -8,14 +8,14 @@ import types
 from pathlib import Path
 
 import pytest
-import yaml
-
 import toy_env
+import yaml
+from tiny import tiny_model, tiny_tokenizer
+
 from comlrl import runconfig
 from comlrl.cli import main
 from comlrl.errors import ConfigError
 from comlrl.tracking import Tracker, read_metrics
-from tiny import tiny_model, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -56,16 +56,19 @@ def test_quickstart_uses_the_packaged_posts():
     assert cfg.data.source is None and cfg.data.eval_split == "holdout"  # tests/test_packaged_data.py checks the rows
 
 
-@pytest.mark.parametrize("override, message", [
-    ("training.learnig_rate=1e-5", "Did you mean 'training.learning_rate'?"),
-    ("modle=embedded", "Did you mean 'model'?"),
-    ("data.eval_limt=3", "Did you mean 'data.eval_limit'?"),
-    ("env.name=tldrr", "Did you mean 'tldr'?"),
-    ("algorithm=magrp", "Did you mean 'magrpo'?"),
-    ("evaluation.befor=true", "Did you mean 'evaluation.before'?"),
-    ("lora={r: 4, lora_alpa: 8}", "Did you mean 'lora.lora_alpha'?"),
-    ("training.joint_mode=crosss", "Did you mean 'cross'?"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("training.learnig_rate=1e-5", "Did you mean 'training.learning_rate'?"),
+        ("modle=embedded", "Did you mean 'model'?"),
+        ("data.eval_limt=3", "Did you mean 'data.eval_limit'?"),
+        ("env.name=tldrr", "Did you mean 'tldr'?"),
+        ("algorithm=magrp", "Did you mean 'magrpo'?"),
+        ("evaluation.befor=true", "Did you mean 'evaluation.before'?"),
+        ("lora={r: 4, lora_alpa: 8}", "Did you mean 'lora.lora_alpha'?"),
+        ("training.joint_mode=crosss", "Did you mean 'cross'?"),
+    ],
+)
 def test_typos_fail_with_the_nearest_name(override, message):
     with pytest.raises(ConfigError) as err:
         runconfig.load_config(CONFIGS / "quickstart.yaml", [override])
@@ -98,11 +101,21 @@ def test_set_values_are_yaml_and_paths_resolve_against_the_config_file(tmp_path,
     sub.mkdir()
     (tmp_path / "data").mkdir()
     path = sub / "run.yaml"
-    path.write_text("env: {name: tldr}\ndata: {source: ../data/posts.jsonl}\nagents: [./m1, HuggingFaceTB/SmolLM2-135M]\n")
+    path.write_text(
+        "env: {name: tldr}\ndata: {source: ../data/posts.jsonl}\nagents: [./m1, HuggingFaceTB/SmolLM2-135M]\n"
+    )
     monkeypatch.chdir(tmp_path / "data")
-    cfg = runconfig.load_config(path, ["training.learning_rate=3e-4", "training.report_to=[tensorboard]",
-                                       "data.limit=null", "evaluation.num_samples=5", "tokenizer=./tok",
-                                       "agents.1=embedded"])
+    cfg = runconfig.load_config(
+        path,
+        [
+            "training.learning_rate=3e-4",
+            "training.report_to=[tensorboard]",
+            "data.limit=null",
+            "evaluation.num_samples=5",
+            "tokenizer=./tok",
+            "agents.1=embedded",
+        ],
+    )
     assert cfg.data.source == str(tmp_path / "data" / "posts.jsonl")
     assert cfg.agents == [str(sub / "m1"), "embedded"]
     assert cfg.tokenizer == str(tmp_path / "data" / "tok")  # --set paths are relative to the working directory
@@ -129,7 +142,9 @@ def test_actor_critic_algorithms_are_registered():
 
 
 def test_algorithm_registry_is_extensible():
-    algo = runconfig.register_algorithm("test-algo", "comlrl.trainers.magrpo:MAGRPOTrainer", "comlrl.config:MAGRPOConfig")
+    algo = runconfig.register_algorithm(
+        "test-algo", "comlrl.trainers.magrpo:MAGRPOTrainer", "comlrl.config:MAGRPOConfig"
+    )
     try:
         cfg = runconfig.load_config(CONFIGS / "quickstart.yaml", ["algorithm=test-algo"])
         assert cfg.algo is algo
@@ -162,8 +177,16 @@ def test_envs_lists_every_environment(capsys):
 
 def test_quickstart_trains_end_to_end_with_a_tiny_model(tiny_dir, shared_data, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    sets = [f"model={tiny_dir}", "training.max_steps=2", "training.save_steps=2", "training.max_new_tokens=6",
-            "training.max_prompt_length=32", "training.disable_tqdm=true", "data.limit=4", "data.eval_limit=2"]
+    sets = [
+        f"model={tiny_dir}",
+        "training.max_steps=2",
+        "training.save_steps=2",
+        "training.max_new_tokens=6",
+        "training.max_prompt_length=32",
+        "training.disable_tqdm=true",
+        "data.limit=4",
+        "data.eval_limit=2",
+    ]
     assert main(["train", str(CONFIGS / "quickstart.yaml"), *[a for s in sets for a in ("--set", s)]]) == 0
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1 and runs[0].name.startswith("quickstart-")
@@ -171,18 +194,27 @@ def test_quickstart_trains_end_to_end_with_a_tiny_model(tiny_dir, shared_data, t
     out = capsys.readouterr().out
     assert "before" in out and "after" in out and "reward/mean" in out and "report.md" in out
     resolved = yaml.safe_load((run / "config.yaml").read_text())
-    assert resolved["training"]["seed"] == 42 and resolved["model"] == tiny_dir and resolved["output_dir"] == str(run.relative_to(tmp_path))
+    assert (
+        resolved["training"]["seed"] == 42
+        and resolved["model"] == tiny_dir
+        and resolved["output_dir"] == str(run.relative_to(tmp_path))
+    )
     info = json.loads((run / "run.json").read_text())["starts"][0]
     assert info["seed"] == 42 and "commit" in info["git"]
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
-    assert {"reward/mean", "reward/std", "agent/0/completion/mean_length", "perf/rollout_tokens_per_s"} <= set(read_metrics(run)[0])
+    assert {"reward/mean", "reward/std", "agent/0/completion/mean_length", "perf/rollout_tokens_per_s"} <= set(
+        read_metrics(run)[0]
+    )
     assert (run / "checkpoint-2" / "manifest.json").is_file()
     assert (run / "final" / "agent_1" / "adapter_config.json").is_file()  # the quick start trains LoRA adapters
     assert (run / "samples" / "eval-before.jsonl").is_file() and (run / "samples" / "eval-after.jsonl").is_file()
     assert (run / "report" / "reward.png").is_file() and (run / "report.md").is_file()
     assert "seed 42" in (run / "train.log").read_text()
     # a second train into the same directory must not silently append to it
-    assert main(["train", str(CONFIGS / "quickstart.yaml"), "--set", f"output_dir={run}", "--set", f"model={tiny_dir}"]) == 2
+    assert (
+        main(["train", str(CONFIGS / "quickstart.yaml"), "--set", f"output_dir={run}", "--set", f"model={tiny_dir}"])
+        == 2
+    )
     assert "--resume" in capsys.readouterr().err
 
 
@@ -214,8 +246,9 @@ def test_eval_baselines(tiny_dir, tmp_path, capsys):
 def test_report_to_sinks_are_optional(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
     logged = []
-    fake = types.SimpleNamespace(init=lambda **kw: types.SimpleNamespace(log=lambda d, step: logged.append((step, d)),
-                                                                          finish=lambda: None))
+    fake = types.SimpleNamespace(
+        init=lambda **kw: types.SimpleNamespace(log=lambda d, step: logged.append((step, d)), finish=lambda: None)
+    )
     monkeypatch.setitem(sys.modules, "wandb", fake)
     tracker = Tracker(tmp_path, ["tensorboard", "wandb"])
     with caplog.at_level(logging.WARNING, logger="comlrl"):

@@ -20,18 +20,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import dist_worker
 import pytest
 import torch
-from transformers import LogitsProcessorList
-
-import dist_worker
-from comlrl.fastgen import _LlamaDecoder, fast_generate
-from comlrl.rollout import GenerationSettings, completion_logprobs, generate, left_pad
-from comlrl.sampling import RowSeededSampler
-from comlrl.trainers.magrpo import MAGRPOTrainer
 from test_fastgen import PROMPTS, greedy, hf_greedy
 from test_trainer import ROWS, cfg, length_reward, weights
 from tiny import tiny_model, tiny_tokenizer
+from transformers import LogitsProcessorList
+
+from comlrl.accel.fastgen import _LlamaDecoder, fast_generate
+from comlrl.engine.logprobs import completion_logprobs
+from comlrl.engine.rollout import GenerationSettings, generate, left_pad
+from comlrl.engine.sampling import RowSeededSampler
+from comlrl.trainers.magrpo import MAGRPOTrainer
 
 pytestmark = pytest.mark.cuda
 
@@ -72,7 +73,8 @@ def test_bf16_team_trains_two_steps(bf16_device, monkeypatch):
     def spy(model, *args, **kw):  # the loss forward; a hook only here, so the rollout keeps its fast decode path
         out_dtypes = []
         handle = model.model.layers[0].self_attn.q_proj.register_forward_hook(
-            lambda module, inputs, out: out_dtypes.append(out.dtype))
+            lambda module, inputs, out: out_dtypes.append(out.dtype)
+        )
         try:
             logp = forward(model, *args, **kw)
         finally:
@@ -82,9 +84,14 @@ def test_bf16_team_trains_two_steps(bf16_device, monkeypatch):
         return logp
 
     monkeypatch.setattr(base, "completion_logprobs", spy)
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"],
-                      args=cfg(seed=1, device=str(device), bf16=True))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"],
+        args=cfg(seed=1, device=str(device), bf16=True),
+    )
     before = weights(t)
     out = t.train()
     assert t.state["step"] == 2
@@ -154,10 +161,15 @@ def test_fast_bf16_greedy_picks_the_argmax_of_hf_bf16(bf16_device):
     assert out.shape == (len(PROMPTS), n)
     full_ids, full_mask = torch.cat([ids, out], 1), torch.cat([mask, torch.ones_like(out)], 1)
     with torch.no_grad():
-        logits = copy.deepcopy(model).to(torch.bfloat16)(input_ids=full_ids, attention_mask=full_mask,
-                                                         position_ids=(full_mask.cumsum(1) - 1).clamp(min=0)).logits
+        logits = (
+            copy.deepcopy(model)
+            .to(torch.bfloat16)(
+                input_ids=full_ids, attention_mask=full_mask, position_ids=(full_mask.cumsum(1) - 1).clamp(min=0)
+            )
+            .logits
+        )
         scale = model(input_ids=ids, attention_mask=mask).logits.abs().max()
-    steps = logits[:, ids.shape[1] - 1:-1].float()  # (B, n, V): the logits each generated token was picked from
+    steps = logits[:, ids.shape[1] - 1 : -1].float()  # (B, n, V): the logits each generated token was picked from
     gap = steps.max(-1).values - steps.gather(-1, out[..., None]).squeeze(-1)  # (B, n), 0 where it is the argmax
     assert gap.max() < 0.1 * scale, (gap.max(), scale)
 
@@ -171,19 +183,43 @@ def test_row_seeded_sampling_reproducible_and_matches_generate(device):
 
     def fast(seeds):
         sampler = RowSeededSampler(seeds, 0.9, 0, 0.95, device)
-        return fast_generate(model, ids, mask, max_new_tokens=12, eos_token_ids=[2], pad_token_id=0,
-                             sample_fn=lambda logits: sampler(None, logits).argmax(-1)).cpu()
+        return fast_generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=12,
+            eos_token_ids=[2],
+            pad_token_id=0,
+            sample_fn=lambda logits: sampler(None, logits).argmax(-1),
+        ).cpu()
 
     processors = LogitsProcessorList([RowSeededSampler(seeds, 0.9, 0, 0.95, device)])
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, temperature=None,
-                         top_p=None, top_k=None, pad_token_id=0, eos_token_id=[2], logits_processor=processors)
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=0,
+        eos_token_id=[2],
+        logits_processor=processors,
+    )
     out = fast(seeds)
-    assert torch.equal(out, ref[:, ids.shape[1]:].cpu())
+    assert torch.equal(out, ref[:, ids.shape[1] :].cpu())
     assert torch.equal(fast(seeds), out) and not torch.equal(fast([s + 100 for s in seeds]), out)
 
     def builtin(seed):
-        return fast_generate(model, ids, mask, max_new_tokens=10, eos_token_ids=[2], pad_token_id=0,
-                             generator=torch.Generator(device=device).manual_seed(seed)).cpu()
+        return fast_generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=10,
+            eos_token_ids=[2],
+            pad_token_id=0,
+            generator=torch.Generator(device=device).manual_seed(seed),
+        ).cpu()
 
     assert torch.equal(builtin(5), builtin(5)) and not torch.equal(builtin(5), builtin(6))
 
@@ -231,8 +267,16 @@ def test_nccl_data_parallel_two_gpus_equal_single_process(tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(NCCL_DRIVER.format(tests=str(TESTS)))
     out = tmp_path / "dp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver), str(out),
-           json.dumps({**spec, "placement": {"0": [0, 1], "1": [0, 1]}})]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(driver),
+        str(out),
+        json.dumps({**spec, "placement": {"0": [0, 1], "1": [0, 1]}}),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -21,16 +21,16 @@ import textwrap
 import time
 from pathlib import Path
 
+import dist_worker
 import pytest
 import torch
+from tiny import tiny_model, tiny_tokenizer
 
-import dist_worker
 from comlrl import checkpoint, distributed
 from comlrl.distributed import Placement, concat_samples, resolve_placement, shard_bounds
+from comlrl.engine.rollout import GenerationSettings, generate
+from comlrl.engine.sampling import derive_seed, gumbel_sample, row_generators
 from comlrl.errors import ConfigError
-from comlrl.rollout import GenerationSettings, generate
-from comlrl.sampling import derive_seed, gumbel_sample, row_generators
-from tiny import tiny_model, tiny_tokenizer
 
 TESTS = Path(__file__).resolve().parent
 DP_ATOL = 5e-5  # 0.5% of one lr=1e-2 step; see the module docstring
@@ -93,11 +93,15 @@ def test_row_seeded_samples_do_not_depend_on_the_batch():
     seeds = [derive_seed(7, k) for k in range(len(prompts) * g)]
     full = generate(model, tok, prompts, g, settings, row_seeds=seeds)
     torch.manual_seed(123)  # the global RNG plays no part
-    parts = [generate(model, tok, prompts[:1], g, settings, row_seeds=seeds[:2]),
-             generate(model, tok, prompts[1:], g, settings, row_seeds=seeds[2:])]
+    parts = [
+        generate(model, tok, prompts[:1], g, settings, row_seeds=seeds[:2]),
+        generate(model, tok, prompts[1:], g, settings, row_seeds=seeds[2:]),
+    ]
     joined = concat_samples(parts, tok.pad_token_id)
-    assert parts[0].completion_ids.shape[1] != parts[1].completion_ids.shape[1] or \
-        parts[0].prompt_ids.shape[1] != parts[1].prompt_ids.shape[1]  # re-padding was exercised
+    assert (
+        parts[0].completion_ids.shape[1] != parts[1].completion_ids.shape[1]
+        or parts[0].prompt_ids.shape[1] != parts[1].prompt_ids.shape[1]
+    )  # re-padding was exercised
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
         assert torch.equal(getattr(joined, name), getattr(full, name)), name
     assert joined.texts == full.texts
@@ -115,7 +119,7 @@ def test_gumbel_sampling_draws_from_the_softmax():
 
 
 def test_row_seeded_inverse_cdf_sampling_draws_from_the_warped_softmax():
-    from comlrl.sampling import RowSeededSampler
+    from comlrl.engine.sampling import RowSeededSampler
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf")]]).repeat(20000, 1)
     sampler = RowSeededSampler(range(20000), temperature=0.7, top_k=3)
@@ -145,17 +149,43 @@ def test_nproc_execs_torchrun(monkeypatch, tmp_path):
     cfg = tmp_path / "run.yaml"
     with pytest.raises(SystemExit):
         main(["-v", "train", str(cfg), "--nproc", "2", "--set", "training.max_steps=3", "--resume"])
-    assert seen[0] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                       "comlrl", "-v", "train", str(cfg), "--set", "training.max_steps=3", "--resume"]
+    assert seen[0] == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "comlrl",
+        "-v",
+        "train",
+        str(cfg),
+        "--set",
+        "training.max_steps=3",
+        "--resume",
+    ]
 
 
-def torchrun(nproc: int, out: Path, spec: dict, timeout: float = 150, script: Path | None = None,
-             args: list[str] | None = None) -> tuple[int, str, float]:
+def torchrun(
+    nproc: int, out: Path, spec: dict, timeout: float = 150, script: Path | None = None, args: list[str] | None = None
+) -> tuple[int, str, float]:
     """(exit code, combined output, seconds) of a torchrun job on CPU."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(script or TESTS / "dist_worker.py"), *(args if args is not None else [str(out), json.dumps(spec)])]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(script or TESTS / "dist_worker.py"),
+        *(args if args is not None else [str(out), json.dumps(spec)]),
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start

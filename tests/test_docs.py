@@ -25,7 +25,7 @@ def python_blocks(path: Path) -> list[tuple[int, str]]:
         if start is None and re.fullmatch(r"```(python|py)", stripped):
             start = n
         elif start is not None and stripped == "```":
-            out.append((start, "\n".join(lines[start:n - 1])))
+            out.append((start, "\n".join(lines[start : n - 1])))
             start = None
     return out
 
@@ -38,7 +38,9 @@ def is_module(name: str) -> bool:
     return True
 
 
-BLOCKS = [pytest.param(path, line, code, id=f"{path.name}:{line}") for path in DOCS for line, code in python_blocks(path)]
+BLOCKS = [
+    pytest.param(path, line, code, id=f"{path.name}:{line}") for path in DOCS for line, code in python_blocks(path)
+]
 
 
 def test_readme_has_python_blocks():
@@ -58,7 +60,8 @@ def test_code_block_imports_exist(path, line, code):
             module = importlib.import_module(node.module)
             for alias in node.names:  # a name of the module, or a submodule (`from comlrl import envs`)
                 assert alias.name == "*" or hasattr(module, alias.name) or is_module(f"{node.module}.{alias.name}"), (
-                    f"{path.name}:{line}: `from {node.module} import {alias.name}`: no such name")
+                    f"{path.name}:{line}: `from {node.module} import {alias.name}`: no such name"
+                )
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "comlrl":
@@ -94,5 +97,5 @@ def test_custom_environment_guide_shows_the_example():
     example = EXAMPLE.read_text(encoding="utf-8")
     for name in ("def title_prompt", "def sentence_prompt", "def team_reward", "def revise", "def content_words"):
         start = example.index(name)
-        body = example[start:example.index("\n\n\n", start)]
+        body = example[start : example.index("\n\n\n", start)]
         assert body in guide, f"docs/custom_environment.md's {name} differs from examples/custom_environment.py"

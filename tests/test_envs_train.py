@@ -4,11 +4,11 @@ reward path (code answers run in the sandbox), single- and multi-turn."""
 import json
 
 import pytest
+from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import envs
 from comlrl.config import MAGRPOConfig
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from tiny import tiny_model, tiny_tokenizer
 
 SOURCES = {
     "tldr": "tldr_sample.jsonl",
@@ -37,12 +37,26 @@ def test_tiny_team_trains_on_environment(name, shared_data, tmp_path):
         source = str(shared_data / SOURCES[name]) if SOURCES[name] else None
     data = env.load_dataset(source, limit=4)
     multi = env.external_transition is not None
-    args = MAGRPOConfig(per_device_train_batch_size=2, num_generations=2, max_new_tokens=8, max_steps=2,
-                        num_turns=2 if multi else 1, output_dir=str(tmp_path / "run"), disable_tqdm=True,
-                        max_prompt_length=256)
-    trainer = MAGRPOTrainer(model=tiny_model(), num_agents=env.num_agents, tokenizer=tiny_tokenizer(),
-                            train_dataset=data, reward_func=env.reward_func, formatters=env.formatters(),
-                            external_transition=env.external_transition, args=args)
+    args = MAGRPOConfig(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=8,
+        max_steps=2,
+        num_turns=2 if multi else 1,
+        output_dir=str(tmp_path / "run"),
+        disable_tqdm=True,
+        max_prompt_length=256,
+    )
+    trainer = MAGRPOTrainer(
+        model=tiny_model(),
+        num_agents=env.num_agents,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=data,
+        reward_func=env.reward_func,
+        formatters=env.formatters(),
+        external_transition=env.external_transition,
+        args=args,
+    )
     out = trainer.train()
     m = out["metrics"]
     assert trainer.state["step"] == 2

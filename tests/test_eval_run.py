@@ -5,11 +5,11 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 import toy_env
-from comlrl.cli import main, open_evaluation
+from safetensors.torch import load_file
 from tiny import tiny_model, tiny_tokenizer
+
+from comlrl.cli import main, open_evaluation
 
 LORA = "lora={r: 4, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"
 
@@ -22,8 +22,9 @@ def runs(tmp_path_factory):
     tiny_tokenizer().save_pretrained(tmp / "tiny")
     with toy_env.registered():
         rows = toy_env.write_rows(tmp / "rows.jsonl")
-        cfg = toy_env.write_config(tmp / "toy.yaml", rows, str(tmp / "tiny"), max_steps=2, save_steps=1,
-                                   save_total_limit=None)
+        cfg = toy_env.write_config(
+            tmp / "toy.yaml", rows, str(tmp / "tiny"), max_steps=2, save_steps=1, save_total_limit=None
+        )
         assert main(["train", cfg, "--set", f"output_dir={tmp / 'full'}"]) == 0
         assert main(["train", cfg, "--set", f"output_dir={tmp / 'lora'}", "--set", LORA]) == 0
         yield {"config": cfg, "full": tmp / "full", "lora": tmp / "lora"}
@@ -101,7 +102,9 @@ def test_eval_run_dir_of_a_lora_team_loads_adapters_on_the_shared_base(runs, cap
             assert loaded.keys() == saved.keys()
             assert all(torch.equal(loaded[k], saved[k]) for k in saved)
             assert any(v.abs().sum() > 0 for k, v in saved.items() if "lora_B" in k)  # trained: B left zero init
-        base = {k.replace(".base_layer", ""): v for k, v in model.get_base_model().state_dict().items() if "lora_" not in k}
+        base = {
+            k.replace(".base_layer", ""): v for k, v in model.get_base_model().state_dict().items() if "lora_" not in k
+        }
         assert base.keys() == init.keys()
         for key, value in init.items():  # the frozen base is the config's model (stored in bf16 when bf16 is on)
             assert torch.equal(base[key], value.to(base[key].dtype)), key
@@ -111,7 +114,9 @@ def test_eval_run_dir_of_a_lora_team_loads_adapters_on_the_shared_base(runs, cap
         assert main(["eval", str(run), "--checkpoint", "2"]) == 0
     assert "LoRA adapters on" in capsys.readouterr().out
     # checkpoint-2 holds the same adapters as final/: the evaluation at the end of training
-    assert json.loads((run / "eval_checkpoint-2.json").read_text())["team"] == json.loads((run / "eval_after.json").read_text())
+    assert json.loads((run / "eval_checkpoint-2.json").read_text())["team"] == json.loads(
+        (run / "eval_after.json").read_text()
+    )
 
 
 def test_eval_run_dir_with_a_baseline_uses_the_trained_models(runs, capsys):

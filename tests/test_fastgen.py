@@ -7,13 +7,19 @@ import copy
 import pytest
 import torch
 from tiny import tiny_model
-from transformers import (GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM, T5Config,
-                          T5ForConditionalGeneration)
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from comlrl import fastgen
-from comlrl.fastgen import _LlamaDecoder, _top_p_filter, fast_generate, sample_tokens, supports_fast_generate
-from comlrl.rollout import left_pad
+from comlrl.accel import fastgen
+from comlrl.accel.fastgen import _LlamaDecoder, _top_p_filter, fast_generate, sample_tokens, supports_fast_generate
+from comlrl.engine.rollout import left_pad
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21], [1, 30, 31, 32, 33, 34], [1, 40], [1, 50, 51, 52]]
 # chi-square critical value for 7 degrees of freedom at p = 1e-4 (the tests are seeded: a margin, not a flake rate)
@@ -21,20 +27,40 @@ CHI2_7DF = 29.9
 
 
 def hf_greedy(model, ids, mask, pad, eos, new_tokens, **kw) -> torch.Tensor:
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                         temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eos, **kw)
-    return out[:, ids.shape[1]:]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        **kw,
+    )
+    return out[:, ids.shape[1] :]
 
 
 def greedy(model, ids, mask, pad, eos, new_tokens, **kw) -> torch.Tensor:
-    return fast_generate(model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=eos, pad_token_id=pad,
-                         do_sample=False, **kw)
+    return fast_generate(
+        model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=eos, pad_token_id=pad, do_sample=False, **kw
+    )
 
 
 def tiny_qwen2() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, eos_token_id=2, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=259,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = Qwen2ForCausalLM(cfg)
     for layer in model.model.layers:  # Qwen2's q/k/v biases start at zero; make them matter
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -44,8 +70,18 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
 
 def tiny_gpt2() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                                      eos_token_id=2, bos_token_id=1, pad_token_id=0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=259,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            eos_token_id=2,
+            bos_token_id=1,
+            pad_token_id=0,
+        )
+    )
 
 
 # --- greedy equality --------------------------------------------------------------------------------------------------
@@ -66,8 +102,11 @@ def tiny_gpt2_dynamic_cache() -> GPT2LMHeadModel:
     return model
 
 
-@pytest.mark.parametrize("make", [tiny_qwen2, tiny_gpt2, tiny_gpt2_dynamic_cache],
-                         ids=["qwen2-llama-path", "gpt2-generic-static-cache", "gpt2-generic-dynamic-cache"])
+@pytest.mark.parametrize(
+    "make",
+    [tiny_qwen2, tiny_gpt2, tiny_gpt2_dynamic_cache],
+    ids=["qwen2-llama-path", "gpt2-generic-static-cache", "gpt2-generic-dynamic-cache"],
+)
 def test_greedy_matches_generate_other_architectures(make):
     model = make().eval()
     ids, mask = left_pad(PROMPTS, 0)
@@ -92,15 +131,22 @@ def test_stops_at_eos_pads_after_and_stops_early():
     for row in out:
         hits = torch.isin(row, torch.tensor(stop)).nonzero()
         assert len(hits) > 0
-        assert (row[int(hits[0]) + 1:] == 0).all()  # pad after the first EOS
+        assert (row[int(hits[0]) + 1 :] == 0).all()  # pad after the first EOS
 
 
 def test_max_new_tokens_zero_and_all_pad_row():
     model = tiny_model().eval()
     ids, mask = left_pad([[1, 5, 6], []], 0)
     assert greedy(model, ids, mask, 0, [2], 0).shape == (2, 0)
-    out = fast_generate(model, ids, mask, max_new_tokens=6, eos_token_ids=[2], pad_token_id=0,
-                        generator=torch.Generator().manual_seed(0))
+    out = fast_generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=6,
+        eos_token_ids=[2],
+        pad_token_id=0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert out.shape[0] == 2 and int(out.min()) >= 0 and int(out.max()) < 259  # no NaN from the empty prompt
 
 
@@ -173,7 +219,7 @@ def test_mixed_adapters_same_prompt_not_merged():
     alone = []
     for i in range(3):
         model.set_adapter(f"agent_{i}")
-        alone.append(greedy(model, ids[2 * i: 2 * i + 2], mask[2 * i: 2 * i + 2], 0, [2], 10, backend="llama"))
+        alone.append(greedy(model, ids[2 * i : 2 * i + 2], mask[2 * i : 2 * i + 2], 0, [2], 10, backend="llama"))
     assert torch.equal(mixed[:2, : alone[0].shape[1]], alone[0])
     assert torch.equal(mixed[2:4, : alone[1].shape[1]], alone[1])
     assert torch.equal(mixed[4:, : alone[2].shape[1]], alone[2])
@@ -183,8 +229,17 @@ def test_mixed_adapters_same_prompt_not_merged():
     logits = dec.prefill(ids, mask)
     with torch.no_grad():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        ref = torch.cat([model(input_ids=ids[r:r + 1], attention_mask=mask[r:r + 1], position_ids=pos[r:r + 1],
-                               adapter_names=[n]).logits[:, -1] for r, n in enumerate(names)])
+        ref = torch.cat(
+            [
+                model(
+                    input_ids=ids[r : r + 1],
+                    attention_mask=mask[r : r + 1],
+                    position_ids=pos[r : r + 1],
+                    adapter_names=[n],
+                ).logits[:, -1]
+                for r, n in enumerate(names)
+            ]
+        )
     assert torch.allclose(logits, ref, atol=0.03 * ref.abs().max().item())
     assert (logits.argmax(-1) == ref.argmax(-1)).all()
 
@@ -207,22 +262,37 @@ def vocab8():
 def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The distribution generate samples from: its own warpers in its own order, then softmax."""
     scores = logits[None].clone()
-    for warp in [TemperatureLogitsWarper(temperature) if temperature != 1.0 else None,
-                 TopKLogitsWarper(top_k) if top_k else None, TopPLogitsWarper(top_p) if top_p < 1.0 else None]:
+    for warp in [
+        TemperatureLogitsWarper(temperature) if temperature != 1.0 else None,
+        TopKLogitsWarper(top_k) if top_k else None,
+        TopPLogitsWarper(top_p) if top_p < 1.0 else None,
+    ]:
         if warp is not None:
             scores = warp(None, scores)
     return scores.softmax(-1)[0]
 
 
 @pytest.mark.parametrize("backend", ["llama", "generic"])
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.3, 3, 1.0), (1.0, 0, 0.7),
-                                                      (0.8, 5, 0.8)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.3, 3, 1.0), (1.0, 0, 0.7), (0.8, 5, 0.8)]
+)
 def test_first_token_distribution(vocab8, backend, temperature, top_k, top_p):
     model, prompt, logits = vocab8
     n = 4000
     ids, mask = prompt.expand(n, -1), torch.ones((n, prompt.shape[1]), dtype=torch.long)
-    out = fast_generate(model, ids, mask, max_new_tokens=1, eos_token_ids=[], pad_token_id=0, temperature=temperature,
-                        top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(123), backend=backend)
+    out = fast_generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=1,
+        eos_token_ids=[],
+        pad_token_id=0,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=torch.Generator().manual_seed(123),
+        backend=backend,
+    )
     counts = torch.bincount(out[:, 0], minlength=8).double()
     probs = hf_probs(logits, temperature, top_k, top_p).double()
     assert (counts[probs == 0] == 0).all(), "a filtered token was sampled"
@@ -253,8 +323,16 @@ def test_generator_makes_sampling_reproducible():
     ids, mask = left_pad(PROMPTS, 0)
 
     def run(seed):
-        return fast_generate(model, ids, mask, max_new_tokens=10, eos_token_ids=[2], pad_token_id=0,
-                             generator=torch.Generator().manual_seed(seed))
+        return fast_generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=10,
+            eos_token_ids=[2],
+            pad_token_id=0,
+            generator=torch.Generator().manual_seed(seed),
+        )
+
     assert torch.equal(run(5), run(5)) and not torch.equal(run(5), run(6))
 
 
@@ -262,18 +340,35 @@ def test_sample_fn_row_seeded_matches_generate():
     """With rollout's per-row seeded sampler plugged in, fast_generate samples exactly generate's tokens."""
     from transformers import LogitsProcessorList
 
-    from comlrl.sampling import RowSeededSampler
+    from comlrl.engine.sampling import RowSeededSampler
 
     model = tiny_model().eval()
     ids, mask = left_pad(PROMPTS, 0)
     seeds = [11, 12, 13, 14, 15]
     processors = LogitsProcessorList([RowSeededSampler(seeds, 0.9, 0, 0.95)])
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, temperature=None,
-                         top_p=None, top_k=None, pad_token_id=0, eos_token_id=[2], logits_processor=processors)
-    ref = ref[:, ids.shape[1]:]
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=0,
+        eos_token_id=[2],
+        logits_processor=processors,
+    )
+    ref = ref[:, ids.shape[1] :]
     sampler = RowSeededSampler(seeds, 0.9, 0, 0.95)
-    out = fast_generate(model, ids, mask, max_new_tokens=12, eos_token_ids=[2], pad_token_id=0,
-                        sample_fn=lambda logits: sampler(None, logits).argmax(-1))
+    out = fast_generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=12,
+        eos_token_ids=[2],
+        pad_token_id=0,
+        sample_fn=lambda logits: sampler(None, logits).argmax(-1),
+    )
     assert torch.equal(out, ref)
 
 
@@ -296,8 +391,15 @@ def test_supports_fast_generate():
 def test_unsupported_layout_falls_back_to_generic():
     model = tiny_gpt2().eval()
     with pytest.raises(ValueError, match="Llama fast path"):
-        fast_generate(model, torch.tensor([[1, 5]]), torch.ones(1, 2, dtype=torch.long), max_new_tokens=2,
-                      eos_token_ids=[2], pad_token_id=0, backend="llama")
+        fast_generate(
+            model,
+            torch.tensor([[1, 5]]),
+            torch.ones(1, 2, dtype=torch.long),
+            max_new_tokens=2,
+            eos_token_ids=[2],
+            pad_token_id=0,
+            backend="llama",
+        )
     assert isinstance(fastgen._make_decoder(model, 1, 8, None), fastgen._HFDecoder)
 
 
@@ -318,8 +420,8 @@ def test_gradient_checkpointing_keeps_the_llama_path_but_other_hooks_do_not():
 
 @pytest.fixture(scope="module")
 def smollm():
+    from comlrl.engine.models import load_model, load_tokenizer
     from comlrl.errors import ModelLoadError
-    from comlrl.models import load_model, load_tokenizer
 
     try:
         return load_model("embedded").eval(), load_tokenizer("embedded")
@@ -330,11 +432,14 @@ def smollm():
 @pytest.mark.slow  # loads the real model; ~5 s on an idle CPU
 def test_greedy_matches_generate_smollm2(smollm):
     """SmolLM2-135M (fp32): 32 greedy tokens for 3 chat prompts of different lengths, token for token."""
-    from comlrl.rollout import eos_ids, format_prompt
+    from comlrl.engine.rollout import eos_ids, format_prompt
 
     model, tok = smollm
-    texts = ["Say hi.", "Summarize: my cat learned to open the fridge and now eats all the cheese at night.",
-             "Name three colors."]
+    texts = [
+        "Say hi.",
+        "Summarize: my cat learned to open the fridge and now eats all the cheese at night.",
+        "Name three colors.",
+    ]
     ids, mask = left_pad([format_prompt(tok, t, chat=True) for t in texts], tok.pad_token_id)
     stop = eos_ids(model, tok)
     ref = hf_greedy(model, ids, mask, tok.pad_token_id, stop, 32)
@@ -349,15 +454,18 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
     drawing from the global RNG stay on the calling thread, one after another."""
     import threading
 
-    from comlrl import rollout
-    from comlrl.rollout import GenerationRequest, GenerationSettings, generate, generate_concurrently
     from tiny import tiny_tokenizer
+
+    from comlrl.engine import rollout
+    from comlrl.engine.rollout import GenerationRequest, GenerationSettings, generate, generate_concurrently
 
     models, tok = [tiny_model(seed=1).eval(), tiny_model(seed=2).eval()], tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True)
     prompts = ["ab", "hello there"]
-    requests = [GenerationRequest(m, tok, prompts, 3, settings, row_seeds=[100 * i + k for k in range(6)])
-                for i, m in enumerate(models)]
+    requests = [
+        GenerationRequest(m, tok, prompts, 3, settings, row_seeds=[100 * i + k for k in range(6)])
+        for i, m in enumerate(models)
+    ]
     threads, sample = [], rollout._sample
 
     def recording(*args):
@@ -394,27 +502,36 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
     """Samples.rollout_logprobs: each sampled token's log-prob under the rollout's own logits / temperature, 0 on
     padding. In the model's dtype they equal what the loss forward computes at that temperature (1e-5); a bf16 rollout
     differs from the fp32 loss by a little, not by nothing."""
-    from comlrl.rollout import GenerationSettings, completion_logprobs, generate
     from tiny import tiny_tokenizer
+
+    from comlrl.engine.logprobs import completion_logprobs
+    from comlrl.engine.rollout import GenerationSettings, generate
 
     model, tok = tiny_model(seed=3).eval(), tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast, logprobs=True)
-    s = generate(model, tok, ["ab", "hello there"], 3, settings, autocast_dtype=dtype,
-                 row_seeds=list(range(6)))
+    s = generate(model, tok, ["ab", "hello there"], 3, settings, autocast_dtype=dtype, row_seeds=list(range(6)))
     assert s.rollout_logprobs.shape == s.completion_ids.shape
     assert torch.all(s.rollout_logprobs[s.completion_mask == 0] == 0)
     real = s.completion_mask.bool()
     assert torch.all(s.rollout_logprobs[real] < 0)
     with torch.no_grad():
-        ref = completion_logprobs(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask,
-                                  temperature=0.7)
+        ref = completion_logprobs(
+            model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask, temperature=0.7
+        )
     gap = (s.rollout_logprobs - ref)[real].abs().max()
     if dtype is None:
         assert gap < 1e-5
     else:
         assert 1e-4 < gap < 0.5
-    plain = generate(model, tok, ["ab", "hello there"], 3, GenerationSettings(max_new_tokens=12, temperature=0.7,
-                     top_k=50, fast=fast), autocast_dtype=dtype, row_seeds=list(range(6)))
+    plain = generate(
+        model,
+        tok,
+        ["ab", "hello there"],
+        3,
+        GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast),
+        autocast_dtype=dtype,
+        row_seeds=list(range(6)),
+    )
     assert plain.rollout_logprobs is None and torch.equal(plain.completion_ids, s.completion_ids)
 
 

@@ -1,12 +1,12 @@
-"""The lean training layers (comlrl.lean): same values and gradients as the eager ops, fewer saved activations."""
+"""The lean training layers (comlrl.accel.lean): same values and gradients as the eager ops, fewer saved activations."""
 
 import pytest
 import torch
+from tiny import tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.llama import modeling_llama
 
-from comlrl.lean import _SwiGLU, _SwiGLULinear, apply_rotary, lean_layers, rms_norm, rms_norm_values
-from tiny import tiny_model
+from comlrl.accel.lean import _SwiGLU, _SwiGLULinear, apply_rotary, lean_layers, rms_norm, rms_norm_values
 
 
 def _forward_backward(model, ids, lean: bool, autocast: bool = False):
@@ -26,8 +26,17 @@ def test_lean_layers_give_the_eager_values_and_gradients(family):
         model = tiny_model(seed=5)
     else:
         torch.manual_seed(5)
-        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+        model = Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=259,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+            )
+        )
     ids = torch.randint(3, 259, (3, 11))
     ref, ref_grads = _forward_backward(model, ids, lean=False)
     out, grads = _forward_backward(model, ids, lean=True)
@@ -49,8 +58,9 @@ def test_lean_layers_under_bf16_autocast_and_lora():
     for name in ref_grads:
         scale = ref_grads[name].abs().max().clamp(min=1e-3)
         assert (grads[name] - ref_grads[name]).abs().max() / scale < 0.05, name
-    lora = get_peft_model(tiny_model(seed=6), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                         init_lora_weights=False))
+    lora = get_peft_model(
+        tiny_model(seed=6), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )
     ref, ref_grads = _forward_backward(lora, ids, lean=False)
     out, grads = _forward_backward(lora, ids, lean=True)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -62,7 +72,10 @@ def test_lean_layers_under_bf16_autocast_and_lora():
 def test_lean_functions_gradcheck():
     """Analytic gradients of each Function match finite differences (float64)."""
     torch.manual_seed(0)
-    x, w = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True), torch.randn(6, dtype=torch.float64, requires_grad=True)
+    x, w = (
+        torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True),
+        torch.randn(6, dtype=torch.float64, requires_grad=True),
+    )
     assert torch.autograd.gradcheck(lambda a, b: rms_norm(a, b, 1e-6), (x, w))
     q = torch.randn(2, 4, 3, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, 3, 8, dtype=torch.float64, requires_grad=True)
@@ -72,11 +85,16 @@ def test_lean_functions_gradcheck():
     for got, want in zip(apply_rotary(q, k, cos, sin), expected):
         torch.testing.assert_close(got, want)
     g, u = (torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    wd, bd = torch.randn(4, 5, dtype=torch.float64, requires_grad=True), torch.randn(4, dtype=torch.float64, requires_grad=True)
+    wd, bd = (
+        torch.randn(4, 5, dtype=torch.float64, requires_grad=True),
+        torch.randn(4, dtype=torch.float64, requires_grad=True),
+    )
     assert torch.autograd.gradcheck(_SwiGLU.apply, (g, u))
     assert torch.autograd.gradcheck(lambda *a: _SwiGLULinear.apply(*a, torch.float64), (g, u, wd, bd))
-    torch.testing.assert_close(_SwiGLULinear.apply(g, u, wd, bd, torch.float64),
-                               torch.nn.functional.linear(torch.nn.functional.silu(g) * u, wd, bd))
+    torch.testing.assert_close(
+        _SwiGLULinear.apply(g, u, wd, bd, torch.float64),
+        torch.nn.functional.linear(torch.nn.functional.silu(g) * u, wd, bd),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -116,8 +134,11 @@ def test_lean_layers_save_fewer_activations_and_are_scoped():
     original = modeling_llama.LlamaMLP.forward, modeling_llama.LlamaRMSNorm.forward, modeling_llama.apply_rotary_pos_emb
     with lean_layers(model):
         assert modeling_llama.LlamaMLP.forward is not original[0]
-    assert (modeling_llama.LlamaMLP.forward, modeling_llama.LlamaRMSNorm.forward,
-            modeling_llama.apply_rotary_pos_emb) == original
+    assert (
+        modeling_llama.LlamaMLP.forward,
+        modeling_llama.LlamaRMSNorm.forward,
+        modeling_llama.apply_rotary_pos_emb,
+    ) == original
     with torch.no_grad(), lean_layers(model):
         assert modeling_llama.LlamaMLP.forward is original[0]
     model.gradient_checkpointing_enable()

@@ -2,12 +2,12 @@
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.config import MAGRPOConfig
-from comlrl.rollout import GenerationSettings
+from comlrl.engine.rollout import GenerationSettings
 from comlrl.trainers.episode import root_nodes
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"Task {i}: go."} for i in range(4)]
 
@@ -17,12 +17,27 @@ def lora():
 
 
 def trainer(share=True, formatters=None, **kw):
-    settings = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=5, max_steps=2,
-                    learning_rate=1e-2, logging_steps=0, disable_tqdm=True, share_base=share)
+    settings = dict(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=5,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=0,
+        disable_tqdm=True,
+        share_base=share,
+    )
     args = MAGRPOConfig(**{**settings, **kw})
-    return MAGRPOTrainer(model=tiny_model(), num_agents=3, tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                         reward_func=lambda a, b, c: [float(len(c[0]) - len(a[0]))], args=args, peft_config=lora(),
-                         formatters=formatters)
+    return MAGRPOTrainer(
+        model=tiny_model(),
+        num_agents=3,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=lambda a, b, c: [float(len(c[0]) - len(a[0]))],
+        args=args,
+        peft_config=lora(),
+        formatters=formatters,
+    )
 
 
 def base_state(model):
@@ -74,7 +89,7 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
     assert plain.agents[0].model is not plain.agents[1].model
     _sync_adapters(shared, plain)
     ep = shared.rollout(ROWS[:2], [0, 1], shared.generation_settings(), 2, shared.reward_func)
-    from comlrl.losses import loss_weights
+    from comlrl.algorithms.losses import loss_weights
     from comlrl.trainers.episode import episode_advantages
 
     adv = episode_advantages(ep, 3, 2)
@@ -122,7 +137,9 @@ def test_lora_save_gives_one_adapter_folder_per_agent(tmp_path):
     for a, path in zip(t.agents, paths):
         loaded = PeftModel.from_pretrained(tiny_model(), path)
         sd = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
-        mine = {n.replace(f".{a.adapter}.", ".default."): p for n, p in a.model.named_parameters() if f".{a.adapter}." in n}
+        mine = {
+            n.replace(f".{a.adapter}.", ".default."): p for n, p in a.model.named_parameters() if f".{a.adapter}." in n
+        }
         assert sd.keys() == mine.keys()
         for n in sd:
             assert torch.equal(sd[n], mine[n])
@@ -131,7 +148,7 @@ def test_lora_save_gives_one_adapter_folder_per_agent(tmp_path):
 def test_fused_lora_delta_gradcheck():
     """The fused LoRA op: base_out + s (x A^T) B^T, gradients for x, A, B and the base output match finite differences;
     with two adapters routed over row blocks (and rows no adapter covers), each block gets its own delta."""
-    from comlrl.team import _LoRADelta
+    from comlrl.engine.team import _LoRADelta
 
     torch.manual_seed(0)
     base, x = torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
@@ -145,7 +162,8 @@ def test_fused_lora_delta_gradcheck():
     a2, b2 = torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
     inputs = [t.requires_grad_() for t in (base, x, a, b, a2, b2)]
     two = lambda base, x, a, b, a2, b2: _LoRADelta.apply(  # noqa: E731
-        base, x, ((0, 2), (3, 5)), (0.5, 2.0), torch.float64, a, b, a2, b2)
+        base, x, ((0, 2), (3, 5)), (0.5, 2.0), torch.float64, a, b, a2, b2
+    )
     want = torch.cat([base[:2] + 0.5 * (x[:2] @ a.T) @ b.T, base[2:3], base[3:] + 2.0 * (x[3:] @ a2.T) @ b2.T])
     torch.testing.assert_close(two(*inputs), want)
     assert torch.autograd.gradcheck(two, inputs)
@@ -156,10 +174,11 @@ def test_fused_lora_forward_is_scoped_and_falls_back():
     afterwards; without autocast and under activation checkpointing PEFT's own forward runs."""
     from peft.tuners.lora.layer import Linear
 
-    from comlrl.team import fused_lora_forward
+    from comlrl.engine.team import fused_lora_forward
 
-    model = get_peft_model(tiny_model(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                    init_lora_weights=False))
+    model = get_peft_model(
+        tiny_model(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )
     ids = torch.randint(3, 259, (2, 7))
     original = Linear.forward
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -182,7 +201,7 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
     """A bf16 LoRA team: one routed forward/backward for all agents gives each adapter the gradient and metrics of its
     own agent's pass -- with the same prompt for every agent (rows of different adapters must not be packed together)
     and a longer prompt for one agent (padding)."""
-    from comlrl.losses import loss_weights
+    from comlrl.algorithms.losses import loss_weights
     from comlrl.trainers.episode import episode_advantages
 
     fmts = [lambda r: r["prompt"], lambda r: "Answer in a few words, please. " + r["prompt"], lambda r: r["prompt"]]
@@ -236,8 +255,8 @@ def test_team_lora_forward_is_used_only_where_it_routes_exactly():
 def test_routed_forward_refuses_a_layer_it_cannot_compute():
     import pytest
 
-    from comlrl.rollout import team_completion_logprobs
-    from comlrl.team import can_route
+    from comlrl.engine.logprobs import team_completion_logprobs
+    from comlrl.engine.team import can_route
 
     t = trainer(bf16=True)
     model = t.agents[0].model
@@ -260,11 +279,25 @@ def test_freed_memory_is_released_between_phases_unless_turned_off(monkeypatch):
 
     def count(peft, **kw):
         calls.clear()
-        settings = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=4, max_steps=2,
-                        learning_rate=1e-2, logging_steps=0, disable_tqdm=True, **kw)
-        MAGRPOTrainer(model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                      reward_func=lambda a, b: [float(len(b[0]) - len(a[0]))], args=MAGRPOConfig(**settings),
-                      peft_config=lora() if peft else None).train()
+        settings = dict(
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_new_tokens=4,
+            max_steps=2,
+            learning_rate=1e-2,
+            logging_steps=0,
+            disable_tqdm=True,
+            **kw,
+        )
+        MAGRPOTrainer(
+            model=tiny_model(),
+            num_agents=2,
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            reward_func=lambda a, b: [float(len(b[0]) - len(a[0]))],
+            args=MAGRPOConfig(**settings),
+            peft_config=lora() if peft else None,
+        ).train()
         return len(calls)
 
     assert count(peft=False) == count(peft=True) == 4  # 2 updates
@@ -274,7 +307,7 @@ def test_freed_memory_is_released_between_phases_unless_turned_off(monkeypatch):
 def test_wrapping_a_model_in_lora_prints_no_deprecation_noise():
     import warnings
 
-    from comlrl.team import wrap_lora
+    from comlrl.engine.team import wrap_lora
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,9 +1,10 @@
 import pytest
 import torch
-
-from comlrl.losses import loss_weights, policy_loss, token_logprobs
-from comlrl.rollout import completion_logprobs, completion_mask, left_pad
 from tiny import tiny_model
+
+from comlrl.algorithms.losses import loss_weights, policy_loss, token_logprobs
+from comlrl.engine.logprobs import completion_logprobs
+from comlrl.engine.rollout import completion_mask, left_pad
 
 PAD = 0
 # (prompt tokens, completion tokens incl. EOS=2, advantage)
@@ -93,8 +94,13 @@ def test_batched_logprobs_equal_one_at_a_time():
     with torch.no_grad():
         batched = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
         for i, (prompt, comp, _) in enumerate(SEQS):
-            single = completion_logprobs(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long),
-                                         torch.tensor([comp]), torch.ones(1, len(comp), dtype=torch.long))
+            single = completion_logprobs(
+                model,
+                torch.tensor([prompt]),
+                torch.ones(1, len(prompt), dtype=torch.long),
+                torch.tensor([comp]),
+                torch.ones(1, len(comp), dtype=torch.long),
+            )
             torch.testing.assert_close(batched[i, : len(comp)], single[0], atol=1e-5, rtol=1e-5)
 
 
@@ -165,7 +171,7 @@ def test_bf16_training_forward_with_gradient_checkpointing_keeps_its_attention()
 
 
 def _logits_path(model, p_ids, p_mask, c_ids, c_mask):
-    from comlrl.rollout import _logits_logprobs
+    from comlrl.engine.logprobs import _logits_logprobs
 
     ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
     return _logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
@@ -191,8 +197,8 @@ def _assert_same_learning(got, expected, c_mask):
 @pytest.mark.parametrize("tied", [False, True])
 def test_chunked_head_logprobs_equal_the_models_logits(tied):
     """The decoder + chunked output-layer path gives the model's own log-probs and gradients (fp32, to 1e-5)."""
-    from comlrl.losses import head_logprobs
-    from comlrl.rollout import _decoder_and_head
+    from comlrl.accel.head import head_logprobs
+    from comlrl.engine.logprobs import _decoder_and_head
 
     model = tiny_model(seed=3)
     if tied:
@@ -200,8 +206,11 @@ def test_chunked_head_logprobs_equal_the_models_logits(tied):
     assert _decoder_and_head(model) is not None
     p_ids, p_mask, c_ids, c_mask, adv = batch(extra_left=1, extra_right=2)
     tensors, weights = (p_ids, p_mask, c_ids, c_mask), torch.randn(c_ids.shape) * c_mask
-    _assert_same_learning(_logp_and_grads(model, completion_logprobs, tensors, weights),
-                          _logp_and_grads(model, _logits_path, tensors, weights), c_mask)
+    _assert_same_learning(
+        _logp_and_grads(model, completion_logprobs, tensors, weights),
+        _logp_and_grads(model, _logits_path, tensors, weights),
+        c_mask,
+    )
     # chunking changes nothing: 3 rows of logits at a time vs all at once
     h = torch.randn(10, 32, requires_grad=True)
     labels = torch.randint(0, 259, (10,))
@@ -217,11 +226,12 @@ def test_chunked_head_path_with_lora_and_bf16_autocast():
     """LoRA adapters get the same gradients through the chunked head; a LoRA-wrapped head uses the model's logits."""
     from peft import LoraConfig, get_peft_model
 
-    from comlrl.rollout import _decoder_and_head
+    from comlrl.engine.logprobs import _decoder_and_head
 
     p_ids, p_mask, c_ids, c_mask, _ = batch(extra_left=2)
-    model = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                          init_lora_weights=False))
+    model = get_peft_model(
+        tiny_model(seed=4), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )
     grads = []
     for fn in (completion_logprobs, _logits_path):
         model.zero_grad()
@@ -242,15 +252,16 @@ def test_chunked_head_path_with_lora_and_bf16_autocast():
 @pytest.mark.parametrize("keep_bytes", [0, 1 << 20])
 def test_head_logprobs_gradcheck(keep_bytes):
     """Analytic gradients of the chunked output-layer log-probs (recomputed or kept logits) match finite differences."""
-    from comlrl.losses import head_logprobs
+    from comlrl.accel.head import head_logprobs
 
     torch.manual_seed(0)
     h, w, b = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in [(5, 4), (7, 4), (7,)])
     labels = torch.randint(0, 7, (5,))
     # nondet_tol: kept logits are consumed by the first backward; a repeated backward recomputes them (same values up
     # to rounding)
-    assert torch.autograd.gradcheck(lambda h, w, b: head_logprobs(h, w, b, labels, chunk=2, keep_bytes=keep_bytes),
-                                    (h, w, b), nondet_tol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: head_logprobs(h, w, b, labels, chunk=2, keep_bytes=keep_bytes), (h, w, b), nondet_tol=1e-12
+    )
 
 
 def _grouped_batch():
@@ -272,32 +283,35 @@ def _grouped_batch():
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_rows_sharing_a_prompt_are_packed_with_the_same_logprobs_and_gradients(attn, monkeypatch):
     """One packed sequence per distinct prompt gives the log-probs and gradients of the separate rows (fp32, 1e-5)."""
-    from comlrl import rollout
+    from comlrl.accel import packing
+    from comlrl.engine import logprobs
 
     model = tiny_model(seed=6, hidden=64)
     model.set_attn_implementation(attn)
     p_ids, p_mask, c_ids, c_mask = _grouped_batch()
     positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
-    layout = rollout.shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, model.config)
+    layout = packing.shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, model.config)
     assert layout is not None and layout[0].shape == (3, 6 + 3 * 5)  # 3 prompts, at most 3 completions each
     tensors, weights = (p_ids, p_mask, c_ids, c_mask), torch.randn(c_ids.shape)
     packed = _logp_and_grads(model, completion_logprobs, tensors, weights)
-    monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
+    monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args: None)
     _assert_same_learning(packed, _logp_and_grads(model, completion_logprobs, tensors, weights), c_mask)
 
 
 def test_packed_rows_with_lora_under_bf16_autocast_match_separate_rows(monkeypatch):
     from peft import LoraConfig, get_peft_model
 
-    from comlrl import rollout
+    from comlrl.engine import logprobs
 
     p_ids, p_mask, c_ids, c_mask = _grouped_batch()
-    model = get_peft_model(tiny_model(seed=7, hidden=64), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                                     init_lora_weights=False))
+    model = get_peft_model(
+        tiny_model(seed=7, hidden=64),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False),
+    )
     results = []
     for packed in (True, False):
         if not packed:
-            monkeypatch.setattr(rollout, "shared_prompt_layout", lambda *args: None)
+            monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args: None)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
@@ -310,7 +324,7 @@ def test_packed_rows_with_lora_under_bf16_autocast_match_separate_rows(monkeypat
 
 
 def test_packing_is_declined_when_it_would_not_pay():
-    from comlrl.rollout import shared_prompt_layout
+    from comlrl.accel.packing import shared_prompt_layout
 
     config = tiny_model(hidden=64).config
     p_ids, p_mask, c_ids, c_mask = _grouped_batch()

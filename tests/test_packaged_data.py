@@ -33,8 +33,11 @@ EXPECTED = {
     "tldr": ("train", 100, {"prompt", "completion"}),
     "arxiv": ("train", 200, {"abstract", "article_id"}),
     "mbpp": ("test", 500, {"task_id", "prompt", "entry_point", "test", "test_list", "test_setup_code", "reference"}),
-    "classeval": ("test", 100, {"task_id", "skeleton", "class_name", "imports", "constructor", "methods", "test",
-                                "reference"}),
+    "classeval": (
+        "test",
+        100,
+        {"task_id", "skeleton", "class_name", "imports", "constructor", "methods", "test", "reference"},
+    ),
 }
 
 
@@ -77,7 +80,11 @@ def test_mbpp_packaged_splits_are_the_papers(no_hub):
     env = envs.make("mbpp")
     ids = {s: [int(t) for t in env.load_dataset(split=s)["task_id"]] for s in PACKAGED["mbpp"].splits}
     assert {s: (v[0], v[-1], len(v)) for s, v in ids.items()} == {
-        "prompt": (1, 10, 10), "test": (11, 510, 500), "validation": (511, 600, 90), "train": (601, 974, 374)}
+        "prompt": (1, 10, 10),
+        "test": (11, 510, 500),
+        "validation": (511, 600, 90),
+        "train": (601, 974, 374),
+    }
     assert sorted(sum(ids.values(), [])) == list(range(1, 975))  # disjoint, every task once
     assert env.load_dataset(split="train", limit=3)["task_id"] == ["601", "602", "603"]
 

@@ -1,13 +1,13 @@
 """Reports from a real (tiny) run: PNG plots of the expected size and a Markdown summary with samples."""
 
 import pytest
-from matplotlib.image import imread
-
 import toy_env
+from matplotlib.image import imread
+from tiny import tiny_model, tiny_tokenizer
+
 from comlrl import report
 from comlrl.cli import main
 from comlrl.errors import ComlrlError
-from tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,14 @@ from comlrl.sandbox import (
     SandboxLimits,
     SandboxResult,
     TestOutcome,
+    _isolation,
+    _process,
     isolation_mode,
     network_isolation_available,
     run_many,
     run_tests,
     static_test_count,
 )
-from comlrl.sandbox import _isolation, _process
 
 DATA = Path(__file__).parents[1].parent / "shared" / "data"
 # Reference solutions can be slow on a loaded 2-core machine (MBPP 123 and ClassEval_35
@@ -37,6 +38,8 @@ DATA = Path(__file__).parents[1].parent / "shared" / "data"
 GENEROUS = SandboxLimits(timeout=90.0, per_test_timeout=60.0, cpu_seconds=90)
 # HumanEval checks are fast; two return-free variants (HumanEval/10, /39) loop forever.
 HUMANEVAL = SandboxLimits(timeout=30.0, per_test_timeout=8.0, cpu_seconds=30)
+
+
 def sandbox_processes(trainer_pid: int | None = None) -> list[int]:
     """Live processes under the sandbox uids of one trainer process (default: this one).
     There must be none between runs. (Other processes on a shared machine use other uids.)"""
@@ -54,6 +57,7 @@ def sandbox_processes(trainer_pid: int | None = None) -> list[int]:
 @pytest.fixture
 def unharmed():
     """The calling process keeps its cwd and environment, and nothing is left running."""
+
     def environment() -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
@@ -75,8 +79,12 @@ def unharmed():
 
 def test_asserts_report_each_test():
     program = "def add(a, b):\n    return a + b\nprint('hello')\n"
-    tests = ["assert add(1, 2) == 3", "assert add(1, 2) == 4, 'wrong sum'", "assert missing(1)",
-             "assert add(2, 2) == 5"]
+    tests = [
+        "assert add(1, 2) == 3",
+        "assert add(1, 2) == 4, 'wrong sum'",
+        "assert missing(1)",
+        "assert add(2, 2) == 5",
+    ]
     result = run_tests(program, tests)
     assert result.status == "ok" and result.message == ""
     assert [t.name for t in result.tests] == ["assert 0", "assert 1", "assert 2", "assert 3"]
@@ -103,11 +111,14 @@ def test_setup_code_runs_after_program():
     assert result.all_passed
 
 
-@pytest.mark.parametrize(("program", "setup", "status", "fragment"), [
-    ("def f(:\n    pass", "", "syntax_error", "SyntaxError"),
-    ("raise ValueError('boom')", "", "program_error", "ValueError: boom"),
-    ("x = 1", "import not_a_module_xyz", "program_error", "setup: ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    ("program", "setup", "status", "fragment"),
+    [
+        ("def f(:\n    pass", "", "syntax_error", "SyntaxError"),
+        ("raise ValueError('boom')", "", "program_error", "ValueError: boom"),
+        ("x = 1", "import not_a_module_xyz", "program_error", "setup: ModuleNotFoundError"),
+    ],
+)
 def test_program_that_does_not_load(program, setup, status, fragment):
     result = run_tests(program, ["assert True", "assert True"], setup=setup)
     assert result.status == status and fragment in result.message
@@ -262,8 +273,7 @@ def humaneval_results():
 
 def test_humaneval_canonical_solutions_pass(humaneval_results):
     problems, canonical, _ = humaneval_results
-    failing = [(p["task_id"], r.status, r.message, r.tests) for p, r in zip(problems, canonical)
-               if not r.all_passed]
+    failing = [(p["task_id"], r.status, r.message, r.tests) for p, r in zip(problems, canonical) if not r.all_passed]
     assert failing == []
 
 
@@ -287,8 +297,14 @@ def _plain_passes(source: str, unittest_module: bool) -> bool:
         Path(tmp, "prog.py").write_text(source)
         cmd = [sys.executable, "-m", "unittest", "prog"] if unittest_module else [sys.executable, "prog.py"]
         try:
-            done = subprocess.run(cmd, cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, timeout=GENEROUS.timeout)
+            done = subprocess.run(
+                cmd,
+                cwd=tmp,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=GENEROUS.timeout,
+            )
         except subprocess.TimeoutExpired:
             return False
         return done.returncode == 0
@@ -316,24 +332,24 @@ def test_mbpp_same_verdict_as_plain_python():
     # sys.getsizeof of an older Python). benchmarks/bench_sandbox.py --datasets runs all 974.
     rows = [json.loads(line) for line in _require(DATA / "mbpp.jsonl").read_text().splitlines()]
     subset = [r for i, r in enumerate(rows) if i % 5 == 0 or r["task_id"] in (341, 596, 642)]
-    sandboxed = run_many([dict(program=r["code"], tests=r["test_list"], setup=r["test_setup_code"],
-                               limits=GENEROUS) for r in subset])
+    sandboxed = run_many(
+        [dict(program=r["code"], tests=r["test_list"], setup=r["test_setup_code"], limits=GENEROUS) for r in subset]
+    )
     sources = {r["task_id"]: "\n".join([r["code"], r["test_setup_code"], *r["test_list"]]) for r in subset}
     plain = _plain_verdicts(list(sources.values()), unittest_module=False)
-    mismatched = {r["task_id"]: (ok, s.all_passed) for r, ok, s in zip(subset, plain, sandboxed)
-                  if ok != s.all_passed}
+    mismatched = {r["task_id"]: (ok, s.all_passed) for r, ok, s in zip(subset, plain, sandboxed) if ok != s.all_passed}
     assert _explain_mismatches(mismatched, sources, unittest_module=False) == {}
     assert {r["task_id"] for r, s in zip(subset, sandboxed) if not s.all_passed} == {341, 596, 642}
 
 
 def test_classeval_same_verdict_as_plain_python():
     rows = json.loads(_require(DATA / "classeval.json").read_text())
-    sandboxed = run_many([dict(program=r["solution_code"], tests=r["test"], kind="unittest",
-                               limits=GENEROUS) for r in rows])
+    sandboxed = run_many(
+        [dict(program=r["solution_code"], tests=r["test"], kind="unittest", limits=GENEROUS) for r in rows]
+    )
     sources = {r["task_id"]: r["solution_code"] + "\n" + r["test"] for r in rows}
     plain = _plain_verdicts(list(sources.values()), unittest_module=True)
-    mismatched = {r["task_id"]: (ok, s.all_passed) for r, ok, s in zip(rows, plain, sandboxed)
-                  if ok != s.all_passed}
+    mismatched = {r["task_id"]: (ok, s.all_passed) for r, ok, s in zip(rows, plain, sandboxed) if ok != s.all_passed}
     if os.geteuid() == 0 and sandboxed[0].info["isolation"]["uid"] != 0:
         # ClassEval_50 expects writing to a chmod-444 file to fail. Plain python running as
         # root may write it anyway; the sandbox runs as an unprivileged uid, so it passes.
@@ -538,10 +554,14 @@ def test_background_process_does_not_outlive_the_run(unharmed):
 def test_sandbox_dies_with_the_trainer(unharmed, tmp_path):
     token = f"{time.time() % 1000:.6f}"
     program = f"import os\nos.execv('/bin/sleep', ['sleep', '3{token}'])"
-    trainer = subprocess.Popen([sys.executable, "-c", (
-        "from comlrl.sandbox import run_tests\n"
-        f"run_tests({program!r}, ['assert True'], timeout=3600)\n")],
-        env=dict(os.environ, TMPDIR=str(tmp_path)))  # its work dir is left behind: put it here
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (f"from comlrl.sandbox import run_tests\nrun_tests({program!r}, ['assert True'], timeout=3600)\n"),
+        ],
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )  # its work dir is left behind: put it here
     try:
         for _ in range(200):  # wait until the sandboxed program is running
             if _processes_with_token(token):
@@ -600,8 +620,7 @@ def test_closing_stdout_does_not_lose_results(unharmed):
     assert result.status == "ok" and [t.status for t in result.tests] == ["passed", "passed", "failed"]
 
 
-@pytest.mark.parametrize("program", ["import sys\nsys.exit(0)", "raise SystemExit", "exit()",
-                                     "import os\nos._exit(0)"])
+@pytest.mark.parametrize("program", ["import sys\nsys.exit(0)", "raise SystemExit", "exit()", "import os\nos._exit(0)"])
 def test_exiting_before_the_tests_is_not_a_pass(program, unharmed):
     result = run_tests(program, ["assert True", "assert True"])
     assert result.n_passed == 0 and not result.all_passed and result.n_total == 2
@@ -612,13 +631,26 @@ def test_exiting_inside_a_test_is_not_a_pass(unharmed):
     result = run_tests("", ["assert True", "import sys; sys.exit(0)", "import os; os._exit(0)", "assert True"])
     assert result.status == "crashed" and result.n_total == 4
     assert [(t.name, t.status) for t in result.tests] == [
-        ("assert 0", "passed"), ("assert 1", "error"), ("assert 2", "error")]
+        ("assert 0", "passed"),
+        ("assert 1", "error"),
+        ("assert 2", "error"),
+    ]
     assert result.tests[1].message == "SystemExit: 0"
 
 
 def test_forged_result_records_are_ignored(unharmed):
-    fake = [{"type": t, "index": 0, "name": "assert 0", "status": "passed", "message": "",
-             "nonce": "0" * 32, "names": ["assert 0"]} for t in ("plan", "test", "done")]
+    fake = [
+        {
+            "type": t,
+            "index": 0,
+            "name": "assert 0",
+            "status": "passed",
+            "message": "",
+            "nonce": "0" * 32,
+            "names": ["assert 0"],
+        }
+        for t in ("plan", "test", "done")
+    ]
     lines = "".join(json.dumps(r) + "\n" for r in fake)
     program = textwrap.dedent(f"""
         import os
@@ -662,8 +694,7 @@ def test_plain_mode_still_enforces_limits_and_verdicts(monkeypatch):
     assert [t.status for t in result.tests] == ["passed", "failed"]
     assert run_tests("while True: pass", ["assert True"], timeout=1.0).status == "timeout"
     assert run_tests("import os\nos._exit(0)", ["assert True"]).status == "crashed"
-    flood = run_tests("while True: print('x' * 10000)", ["assert True"],
-                      limits=SandboxLimits(max_output_bytes=100))
+    flood = run_tests("while True: print('x' * 10000)", ["assert True"], limits=SandboxLimits(max_output_bytes=100))
     assert flood.status == "crashed" and len(flood.stdout) == 100
 
 
@@ -679,10 +710,14 @@ def _cover_commands(paths: list[str], stage_dir: Path) -> list[str]:
             if ancestor not in covered and not ancestor.stat().st_mode & 0o001:
                 covered.add(ancestor)
                 child, stage = parts[depth], stage_dir / f"stage{len(covered)}"
-                commands += [f"mkdir {stage}", f"mount --bind {ancestor}/{child} {stage}",
-                             f"mount -t tmpfs -o mode=755 tmpfs {ancestor}",
-                             f"mkdir {ancestor}/{child}", f"mount --move {stage} {ancestor}/{child}",
-                             f"rmdir {stage}"]
+                commands += [
+                    f"mkdir {stage}",
+                    f"mount --bind {ancestor}/{child} {stage}",
+                    f"mount -t tmpfs -o mode=755 tmpfs {ancestor}",
+                    f"mkdir {ancestor}/{child}",
+                    f"mount --move {stage} {ancestor}/{child}",
+                    f"rmdir {stage}",
+                ]
                 break
     return commands
 
@@ -717,11 +752,14 @@ def test_unprivileged_user_gets_user_namespaces(victims):
     workdir = victim.parent
     script = workdir / "check.py"
     script.write_text(NON_ROOT_CHECK.format(repo=repo, victim=str(victim)))
-    paths = [os.path.realpath(sys.executable), sys.prefix, os.path.realpath(sys.base_prefix), repo,
-             str(workdir)]
-    shell = " && ".join(_cover_commands(paths, workdir) + [
-        f"cd {workdir} && setpriv --reuid=65534 --regid=65534 --clear-groups "
-        f"env -i PATH=/usr/bin:/bin HOME={workdir} {sys.executable} {script}"])
+    paths = [os.path.realpath(sys.executable), sys.prefix, os.path.realpath(sys.base_prefix), repo, str(workdir)]
+    shell = " && ".join(
+        _cover_commands(paths, workdir)
+        + [
+            f"cd {workdir} && setpriv --reuid=65534 --regid=65534 --clear-groups "
+            f"env -i PATH=/usr/bin:/bin HOME={workdir} {sys.executable} {script}"
+        ]
+    )
     done = subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=60)
     if "ns-user" not in done.stdout:
         pytest.skip(f"user namespaces unavailable to unprivileged users: {done.stdout} {done.stderr[-500:]}")
@@ -738,9 +776,11 @@ def test_static_test_count_is_safe_on_many_threads():
 
     tests = "import unittest\n\n" + "\n".join(
         f"class T{i}(unittest.TestCase):\n"
-        + "".join(f"    def test_{j}(self):\n        self.assertEqual(f({{'a': [1, (2, g({j}))]}}), {i})\n"
-                  for j in range(10))
-        for i in range(20))
+        + "".join(
+            f"    def test_{j}(self):\n        self.assertEqual(f({{'a': [1, (2, g({j}))]}}), {i})\n" for j in range(10)
+        )
+        for i in range(20)
+    )
 
     def yield_gil(phase, info):
         time.sleep(0)

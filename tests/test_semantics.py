@@ -5,24 +5,33 @@ import math
 
 import pytest
 import torch
+from tiny import tiny_model, tiny_tokenizer
 
 import comlrl
-from comlrl.advantages import joint_mode_name
+from comlrl.accel.fastgen import fast_generate, penalize_repetitions
+from comlrl.algorithms.advantages import joint_mode_name
+from comlrl.algorithms.losses import loss_weights, policy_loss
 from comlrl.config import MAGRPOConfig
+from comlrl.engine.logprobs import completion_logprobs
+from comlrl.engine.rollout import GenerationSettings, generate
 from comlrl.errors import ConfigError
-from comlrl.fastgen import fast_generate, penalize_repetitions
-from comlrl.losses import loss_weights, policy_loss
-from comlrl.rollout import GenerationSettings, completion_logprobs, generate
 from comlrl.trainers.episode import Episode, Turn, episode_advantages, joint_indices
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(5)]
 
 
 def cfg(**kw):
-    base = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=6, max_steps=1, learning_rate=1e-2,
-                logging_steps=0, disable_tqdm=True, bf16=False)
+    base = dict(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=6,
+        max_steps=1,
+        learning_rate=1e-2,
+        logging_steps=0,
+        disable_tqdm=True,
+        bf16=False,
+    )
     base.update(kw)
     return MAGRPOConfig(**base)
 
@@ -32,8 +41,9 @@ def length_reward(a, b):
 
 
 def make(rows=ROWS, reward=length_reward, **kw):
-    return MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=rows, reward_func=reward,
-                         args=cfg(**kw))
+    return MAGRPOTrainer(
+        model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=rows, reward_func=reward, args=cfg(**kw)
+    )
 
 
 # ----------------------------------------------------------------------------------------------- temperature
@@ -73,8 +83,9 @@ def test_temperature_rollout_logprobs_are_the_tempered_policy(fast):
     settings = GenerationSettings(max_new_tokens=6, temperature=0.5, fast=fast, logprobs=True)
     s = generate(model, tok, ["Hello there", "Hi"], 2, settings, row_seeds=[1, 2, 3, 4])
     with torch.no_grad():
-        scored = completion_logprobs(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask,
-                                     temperature=0.5)
+        scored = completion_logprobs(
+            model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask, temperature=0.5
+        )
         at_one = completion_logprobs(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
     torch.testing.assert_close(s.rollout_logprobs, scored, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(s.rollout_logprobs, at_one, atol=1e-3)
@@ -140,8 +151,13 @@ def test_max_steps_counts_optimizer_steps_with_gradient_accumulation():
 def test_every_rollout_of_an_epoch_reaches_an_update():
     """5 rows, 1 per rollout, 2 rollouts per update: the 5th rollout is trained on in a 3rd, smaller update, and the
     scheduler counts the same 3 updates."""
-    t = make(per_device_train_batch_size=1, max_steps=-1, num_train_epochs=1, gradient_accumulation_steps=2,
-             lr_scheduler_type="linear")
+    t = make(
+        per_device_train_batch_size=1,
+        max_steps=-1,
+        num_train_epochs=1,
+        gradient_accumulation_steps=2,
+        lr_scheduler_type="linear",
+    )
     calls = count_updates(t)
     t.train()
     assert t.state["rollouts"] == 5 and t.state["step"] == 3
@@ -193,8 +209,14 @@ def test_turn_weighting_reaches_the_trainer_weights():
     def transition(prompts, agent_completions):
         return [p + " more" for p in prompts]
 
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      external_transition=transition, args=cfg(num_turns=2, turn_weighting="turns"))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        external_transition=transition,
+        args=cfg(num_turns=2, turn_weighting="turns"),
+    )
     episode = t.rollout(ROWS[:1], [0], t.generation_settings(), 2, length_reward, seed=1)
     adv = t.compute_advantages(episode, {})
     w = t.token_weights([(episode, adv)], [turn.samples[0] for turn in episode.turns])
@@ -237,12 +259,28 @@ def test_repetition_penalty_follows_transformers():
     prompt_ids = torch.tensor([tok("aaaa")["input_ids"]])
     mask = torch.ones_like(prompt_ids)
     stop = [tok.eos_token_id]
-    ours = fast_generate(model, prompt_ids, mask, max_new_tokens=8, eos_token_ids=stop, pad_token_id=0,
-                         do_sample=False, repetition_penalty=3.0)
-    plain = fast_generate(model, prompt_ids, mask, max_new_tokens=8, eos_token_ids=stop, pad_token_id=0,
-                          do_sample=False)
-    hf = model.generate(input_ids=prompt_ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                        repetition_penalty=3.0, eos_token_id=stop, pad_token_id=0)[:, prompt_ids.shape[1]:]
+    ours = fast_generate(
+        model,
+        prompt_ids,
+        mask,
+        max_new_tokens=8,
+        eos_token_ids=stop,
+        pad_token_id=0,
+        do_sample=False,
+        repetition_penalty=3.0,
+    )
+    plain = fast_generate(
+        model, prompt_ids, mask, max_new_tokens=8, eos_token_ids=stop, pad_token_id=0, do_sample=False
+    )
+    hf = model.generate(
+        input_ids=prompt_ids,
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        repetition_penalty=3.0,
+        eos_token_id=stop,
+        pad_token_id=0,
+    )[:, prompt_ids.shape[1] :]
     assert torch.equal(ours, hf[:, : ours.shape[1]])
     assert not torch.equal(ours, plain)
     assert MAGRPOConfig(repetition_penalty=1.2).repetition_penalty == 1.2
@@ -250,13 +288,26 @@ def test_repetition_penalty_follows_transformers():
 
 # ----------------------------------------------------------------------------------------------- TRL surface
 def test_every_trainer_and_config_imports_from_the_top_level():
-    for name in ("MAGRPOTrainer", "MAGRPOConfig", "MAREINFORCETrainer", "MAREINFORCEConfig", "MARLOOTrainer",
-                 "MARLOOConfig", "MAREMAXTrainer", "MAREMAXConfig", "MAReMaxTrainer", "MAReMaxConfig", "IACTrainer",
-                 "IACConfig", "MAACTrainer", "MAACConfig"):
+    for name in (
+        "MAGRPOTrainer",
+        "MAGRPOConfig",
+        "MAREINFORCETrainer",
+        "MAREINFORCEConfig",
+        "MARLOOTrainer",
+        "MARLOOConfig",
+        "MAREMAXTrainer",
+        "MAREMAXConfig",
+        "MAReMaxTrainer",
+        "MAReMaxConfig",
+        "IACTrainer",
+        "IACConfig",
+        "MAACTrainer",
+        "MAACConfig",
+    ):
         assert getattr(comlrl, name) is not None, name
     assert comlrl.MAREMAXTrainer is comlrl.MAReMaxTrainer
     with pytest.raises(AttributeError):
-        comlrl.MAGRPOTrainerr
+        comlrl.MAGRPOTrainerr  # noqa: B018
 
 
 def test_evaluate_takes_eval_dataset_and_per_device_eval_batch_size(monkeypatch):
@@ -283,8 +334,13 @@ def test_resume_from_checkpoint_true_takes_the_latest(tmp_path):
 def test_disable_dropout_zeroes_every_dropout():
     model = tiny_model()
     model.model.layers[0].mlp.act_fn = torch.nn.Sequential(torch.nn.SiLU(), torch.nn.Dropout(0.3))
-    t = MAGRPOTrainer(model=model, tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      args=cfg(disable_dropout=True))
+    t = MAGRPOTrainer(
+        model=model,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(disable_dropout=True),
+    )
     drops = [m for a in t.agents for m in a.model.modules() if isinstance(m, torch.nn.Dropout)]
     assert drops and all(d.p == 0.0 for d in drops)
 
@@ -299,8 +355,9 @@ def test_bf16_default_is_detected_once_and_logged(monkeypatch, caplog):
         monkeypatch.setattr(base, "native_bf16", lambda device, _n=native: _n)
         monkeypatch.setattr(base, "default_bf16", lambda device, _n=native: _n)
         with caplog.at_level("INFO", logger="comlrl"):
-            t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                              reward_func=length_reward, args=args)
+            t = MAGRPOTrainer(
+                model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward, args=args
+            )
         assert t.args.bf16 is native and t.autocast_dtype == (torch.bfloat16 if native else None)
         assert "bf16=None" in caplog.text
     assert args.bf16 is None  # the caller's config is not changed

@@ -1,4 +1,4 @@
-"""Token and row counts reach the model in a few buckets (comlrl.shapes), with unchanged values and gradients."""
+"""Token and row counts reach the model in a few buckets (comlrl.accel.shapes), with unchanged values and gradients."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import torch
 import torch.nn.functional as F
 from tiny import tiny_model
 
-from comlrl import fastgen, losses
-from comlrl.fastgen import fast_generate
-from comlrl.losses import head_logprobs, token_logprobs
-from comlrl.rollout import completion_logprobs, left_pad
-from comlrl.shapes import ROWS, TOKENS, pad_rows, pad_tokens, round_up
+from comlrl.accel import fastgen, head
+from comlrl.accel.fastgen import fast_generate
+from comlrl.accel.head import head_logprobs
+from comlrl.accel.shapes import ROWS, TOKENS, pad_rows, pad_tokens, round_up
+from comlrl.algorithms.losses import token_logprobs
+from comlrl.engine.logprobs import completion_logprobs
+from comlrl.engine.rollout import left_pad
 
 
 def test_round_up_and_padding():
@@ -35,7 +37,7 @@ def _batch(prompt_width: int, completion_width: int) -> tuple[torch.Tensor, ...]
     p_ids, p_mask = left_pad([prompts[0], prompts[0], prompts[1][1:]], 0)
     c_ids = torch.randint(3, 259, (3, completion_width), generator=gen)
     c_mask = torch.ones(3, completion_width, dtype=torch.long)
-    c_mask[2, completion_width // 2 + 1:] = 0
+    c_mask[2, completion_width // 2 + 1 :] = 0
     return p_ids, p_mask, c_ids, c_mask
 
 
@@ -66,8 +68,8 @@ def test_loss_forward_runs_bucketed_lengths_with_the_models_log_probs():
 
 def test_head_logprobs_runs_bucketed_rows_with_the_same_values_and_gradients(monkeypatch):
     seen = []
-    apply = losses._HeadLogprobs.apply
-    monkeypatch.setattr(losses._HeadLogprobs, "apply", lambda h, *a: seen.append(h.shape[0]) or apply(h, *a))
+    apply = head._HeadLogprobs.apply
+    monkeypatch.setattr(head._HeadLogprobs, "apply", lambda h, *a: seen.append(h.shape[0]) or apply(h, *a))
     torch.manual_seed(0)
     h, w = torch.randn(37, 16, requires_grad=True), torch.randn(50, 16, requires_grad=True)
     labels = torch.randint(0, 50, (37,))
@@ -85,13 +87,26 @@ def test_fast_generate_prefills_a_bucketed_prompt_and_still_matches_generate(mon
     model = tiny_model(seed=2)
     widths = []
     prefill = fastgen._LlamaDecoder.prefill
-    monkeypatch.setattr(fastgen._LlamaDecoder, "prefill", lambda self, ids, mask: widths.append(ids.shape[1])
-                        or prefill(self, ids, mask))
+    monkeypatch.setattr(
+        fastgen._LlamaDecoder,
+        "prefill",
+        lambda self, ids, mask: widths.append(ids.shape[1]) or prefill(self, ids, mask),
+    )
     ids, mask = left_pad([[1, 5, 6, 7, 8], [1, 20, 21]], 0)
-    out = fast_generate(model, ids, mask, max_new_tokens=6, eos_token_ids=[2], pad_token_id=0, do_sample=False,
-                        backend="llama")
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, temperature=None,
-                         top_p=None, top_k=None, pad_token_id=0, eos_token_id=[2])[:, ids.shape[1]:]
+    out = fast_generate(
+        model, ids, mask, max_new_tokens=6, eos_token_ids=[2], pad_token_id=0, do_sample=False, backend="llama"
+    )
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=0,
+        eos_token_id=[2],
+    )[:, ids.shape[1] :]
     assert widths == [TOKENS]
     assert torch.equal(out, ref)
 
@@ -99,7 +114,7 @@ def test_fast_generate_prefills_a_bucketed_prompt_and_still_matches_generate(mon
 def test_critic_inputs_come_in_bucketed_widths_with_the_same_values():
     from tiny import tiny_tokenizer
 
-    from comlrl.critic import ValueModel, encode_texts
+    from comlrl.engine.critic import ValueModel, encode_texts
 
     tok = tiny_tokenizer()
     texts = ["a short state", "a somewhat longer state for the critic to read", "x"]

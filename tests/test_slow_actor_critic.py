@@ -24,19 +24,43 @@ def team_brevity(a, b):
 def run(trainer_cls, cfg_cls, shared_data, tmp_path, **extra) -> dict:
     ds = load_dataset("json", data_files=str(shared_data / "tldr_posts_extra.jsonl"), split="train")
     ds = ds.map(lambda e: {"post": e["prompt"][:300]})
-    formatters = [lambda e: "Summarize in one short sentence:\n" + e["post"], lambda e: "Summarize briefly:\n" + e["post"]]
-    args = cfg_cls(per_device_train_batch_size=2, num_generations=4, max_new_tokens=24, learning_rate=1e-3,
-                   max_steps=STEPS, apply_chat_template=True, output_dir=str(tmp_path / trainer_cls.__name__), seed=0,
-                   bf16=True, disable_tqdm=True, **extra)
+    formatters = [
+        lambda e: "Summarize in one short sentence:\n" + e["post"],
+        lambda e: "Summarize briefly:\n" + e["post"],
+    ]
+    args = cfg_cls(
+        per_device_train_batch_size=2,
+        num_generations=4,
+        max_new_tokens=24,
+        learning_rate=1e-3,
+        max_steps=STEPS,
+        apply_chat_template=True,
+        output_dir=str(tmp_path / trainer_cls.__name__),
+        seed=0,
+        bf16=True,
+        disable_tqdm=True,
+        **extra,
+    )
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
-    trainer = trainer_cls(model="embedded", num_agents=2, train_dataset=ds.select(range(8, 100)),
-                          eval_dataset=ds.select(range(8)), reward_func=team_brevity, formatters=formatters, args=args,
-                          peft_config=lora)
+    trainer = trainer_cls(
+        model="embedded",
+        num_agents=2,
+        train_dataset=ds.select(range(8, 100)),
+        eval_dataset=ds.select(range(8)),
+        reward_func=team_brevity,
+        formatters=formatters,
+        args=args,
+        peft_config=lora,
+    )
     before = trainer.evaluate()["eval/reward/mean"]
     rewards = [h["reward/mean"] for h in trainer.train()["history"]]
     after = trainer.evaluate()["eval/reward/mean"]
-    return {"eval_before": before, "eval_after": after, "train_first4": sum(rewards[:4]) / 4,
-            "train_last4": sum(rewards[-4:]) / 4}
+    return {
+        "eval_before": before,
+        "eval_after": after,
+        "train_first4": sum(rewards[:4]) / 4,
+        "train_last4": sum(rewards[-4:]) / 4,
+    }
 
 
 def test_actor_critic_raises_team_reward_like_magrpo(shared_data, tmp_path):

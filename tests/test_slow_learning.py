@@ -23,12 +23,30 @@ def test_embedded_team_reward_rises(shared_data, tmp_path):
     ds = load_dataset("json", data_files=str(shared_data / "tldr_posts_extra.jsonl"), split="train")
     ds = ds.map(lambda e: {"post": e["prompt"][:300]})
     train, held_out = ds.select(range(8, 100)), ds.select(range(8))
-    formatters = [lambda e: "Summarize in one short sentence:\n" + e["post"], lambda e: "Summarize briefly:\n" + e["post"]]
+    formatters = [
+        lambda e: "Summarize in one short sentence:\n" + e["post"],
+        lambda e: "Summarize briefly:\n" + e["post"],
+    ]
     steps = 30
-    args = MAGRPOConfig(per_device_train_batch_size=2, num_generations=4, max_new_tokens=24, learning_rate=5e-5,
-                        max_steps=steps, apply_chat_template=True, output_dir=str(tmp_path), seed=0)
-    trainer = MAGRPOTrainer(model="embedded", num_agents=2, train_dataset=train, eval_dataset=held_out,
-                            reward_func=team_brevity, formatters=formatters, args=args)
+    args = MAGRPOConfig(
+        per_device_train_batch_size=2,
+        num_generations=4,
+        max_new_tokens=24,
+        learning_rate=5e-5,
+        max_steps=steps,
+        apply_chat_template=True,
+        output_dir=str(tmp_path),
+        seed=0,
+    )
+    trainer = MAGRPOTrainer(
+        model="embedded",
+        num_agents=2,
+        train_dataset=train,
+        eval_dataset=held_out,
+        reward_func=team_brevity,
+        formatters=formatters,
+        args=args,
+    )
     before = trainer.evaluate()["eval/reward/mean"]
     out = trainer.train()
     after = trainer.evaluate()["eval/reward/mean"]

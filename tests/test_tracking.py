@@ -4,15 +4,15 @@ import json
 import shutil
 
 import pytest
-
 import toy_env
+from tiny import tiny_model, tiny_tokenizer
+
 from comlrl import report
 from comlrl.cli import main
 from comlrl.config import MAGRPOConfig
 from comlrl.errors import ConfigError
 from comlrl.tracking import RUN_INFO_FILE, Tracker, read_metrics, read_run_info
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(4)]
 
@@ -54,11 +54,25 @@ def test_resume_appends_after_the_checkpoint_loader_truncated_the_metrics(tmp_pa
     """A Python-API resume: the lines after checkpoint-2 are dropped, then steps 3-4 are appended once."""
 
     def trainer():
-        args = MAGRPOConfig(per_device_train_batch_size=2, num_generations=2, max_new_tokens=4, max_steps=4,
-                            learning_rate=1e-2, disable_tqdm=True, output_dir=str(tmp_path), save_steps=2, seed=5)
-        t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, args=args,
-                          reward_func=lambda a, b: [float(len(b[0]) - len(a[0]))],
-                          formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More:"])
+        args = MAGRPOConfig(
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_new_tokens=4,
+            max_steps=4,
+            learning_rate=1e-2,
+            disable_tqdm=True,
+            output_dir=str(tmp_path),
+            save_steps=2,
+            seed=5,
+        )
+        t = MAGRPOTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            args=args,
+            reward_func=lambda a, b: [float(len(b[0]) - len(a[0]))],
+            formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More:"],
+        )
         return t
 
     first = trainer()
@@ -83,8 +97,14 @@ def test_cli_resume_continues_a_run_directory(tmp_path, capsys):
     tiny_tokenizer().save_pretrained(tiny)
     run = tmp_path / "run"
     with toy_env.registered():
-        cfg = toy_env.write_config(tmp_path / "toy.yaml", toy_env.write_rows(tmp_path / "rows.jsonl"), str(tiny),
-                                   max_steps=2, save_steps=1, save_total_limit=None)
+        cfg = toy_env.write_config(
+            tmp_path / "toy.yaml",
+            toy_env.write_rows(tmp_path / "rows.jsonl"),
+            str(tiny),
+            max_steps=2,
+            save_steps=1,
+            save_total_limit=None,
+        )
         assert main(["train", cfg, "--set", f"output_dir={run}"]) == 0
         shutil.rmtree(run / "checkpoint-2")  # as if the run had been killed during step 2
         (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 2, "reward')

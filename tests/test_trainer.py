@@ -4,19 +4,25 @@ import json
 
 import pytest
 import torch
+from tiny import tiny_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from comlrl.config import MAGRPOConfig
-from comlrl.trainers import MAReMaxTrainer, MAREINFORCETrainer, MARLOOTrainer
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from tiny import tiny_model, tiny_tokenizer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(6)]
 
 
 def cfg(**kw):
-    base = dict(per_device_train_batch_size=2, num_generations=2, max_new_tokens=6, max_steps=2, learning_rate=1e-2,
-                logging_steps=0, disable_tqdm=True)
+    base = dict(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=6,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=0,
+        disable_tqdm=True,
+    )
     base.update(kw)
     return MAGRPOConfig(**base)
 
@@ -39,6 +45,7 @@ def test_quickstart_runs_unchanged_apart_from_model_and_dataset(tiny_dir, shared
     # --- spec §1 quick start; only the model id and the dataset are swapped for local ones ---
     from datasets import load_dataset
     from transformers import AutoTokenizer
+
     from comlrl.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_id)
@@ -60,7 +67,9 @@ def test_quickstart_runs_unchanged_apart_from_model_and_dataset(tiny_dir, shared
 
 
 def test_agent_model_spelling_and_default_prompt_column(tiny_dir):
-    t = MAGRPOTrainer(agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=length_reward, args=cfg(max_steps=1))
+    t = MAGRPOTrainer(
+        agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=length_reward, args=cfg(max_steps=1)
+    )
     t.train()
     assert t.num_agents == 2 and t.state["step"] == 1
     # agents are independent copies
@@ -72,10 +81,21 @@ def weights(trainer):
 
 
 def run(seed=1, trainer_cls=MAGRPOTrainer, **kw):
-    args = cfg(seed=seed, **kw) if trainer_cls is MAGRPOTrainer else trainer_cls.config_class(
-        **{k: v for k, v in cfg(seed=seed, **kw).to_dict().items() if k != "advantage_mode"})
-    t = trainer_cls(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                    formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"], args=args)
+    args = (
+        cfg(seed=seed, **kw)
+        if trainer_cls is MAGRPOTrainer
+        else trainer_cls.config_class(
+            **{k: v for k, v in cfg(seed=seed, **kw).to_dict().items() if k != "advantage_mode"}
+        )
+    )
+    t = trainer_cls(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"],
+        args=args,
+    )
     before = weights(t)
     out = t.train()
     return t, before, out
@@ -89,18 +109,26 @@ def test_same_seed_same_run_different_seed_different_run():
         assert torch.equal(wa, wb)
         assert not torch.equal(wa, wc)
         assert not torch.equal(wa, w0)  # training changed the weights
-    strip = lambda hs: [{k: v for k, v in h.items() if not k.startswith(("time/", "perf/"))} for h in hs]
+
+    def strip(hs):
+        return [{k: v for k, v in h.items() if not k.startswith(("time/", "perf/"))} for h in hs]
+
     assert strip(out_a["history"]) == strip(out_b["history"])
 
 
 def test_four_variants_make_different_updates_from_the_same_rollout():
     # Compare gradients, not weights after Adam: Adam's first step is invariant to the gradient's scale, and
     # MARLOO's advantages are exactly G/(G-1) x MAGRPO's, so their *gradients* differ while Adam steps may not.
-    from comlrl.losses import loss_weights
+    from comlrl.algorithms.losses import loss_weights
     from comlrl.trainers.episode import episode_advantages
 
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      args=cfg(num_generations=4, max_new_tokens=12))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(num_generations=4, max_new_tokens=12),
+    )
     ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 4, length_reward)
     assert ep.turns[0].rewards.std() > 0
     agent = t.agents[0]
@@ -120,11 +148,16 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch, fast):
-    import comlrl.rollout as rollout
+    import comlrl.engine.rollout as rollout
 
     calls = []
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      args=cfg(per_device_train_batch_size=3, num_generations=4, max_steps=1, fast_generation=fast))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(per_device_train_batch_size=3, num_generations=4, max_steps=1, fast_generation=fast),
+    )
     if fast:
         orig = rollout.fast_generate
 
@@ -135,6 +168,7 @@ def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch, fast):
         monkeypatch.setattr(rollout, "fast_generate", spy)
     else:
         for a in t.agents:
+
             def spy(*args, _orig=a.model.generate, **kw):
                 calls.append(kw["input_ids"].shape[0])
                 return _orig(*args, **kw)
@@ -157,17 +191,22 @@ def test_multi_turn_tree_transition_and_discounted_returns():
         turn_rewards.append(turn)
         return [float(turn)]
 
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=reward,
-                      external_transition=transition, args=cfg(per_device_train_batch_size=2, num_generations=3,
-                                                               num_turns=2, discount=0.5, max_steps=1))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=reward,
+        external_transition=transition,
+        args=cfg(per_device_train_batch_size=2, num_generations=3, num_turns=2, discount=0.5, max_steps=1),
+    )
     ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 3, reward)
     assert len(ep.turns) == 2
     assert ep.turns[1].rewards.shape == (6, 3)  # every turn-1 joint action expanded: early termination is off
     assert ep.turns[1].nodes[0].prompts[0].startswith("Revise: ")
     assert seen[0] == (1, [1, 1], [1, 1])
     assert turn_rewards.count(1) == 6 and turn_rewards.count(2) == 18
-    from comlrl.trainers.episode import episode_advantages
-    from comlrl.advantages import tree_returns
+    from comlrl.algorithms.advantages import tree_returns
+
     returns = tree_returns([tu.rewards for tu in ep.turns], [tu.children for tu in ep.turns], 0.5)
     assert torch.allclose(returns[0], torch.full((2, 3), 1.0 + 0.5 * 2.0))
     t.train()
@@ -175,9 +214,14 @@ def test_multi_turn_tree_transition_and_discounted_returns():
 
 
 def test_early_termination_stops_branches_when_asked():
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                      reward_func=lambda a, b: [1.0], external_transition=lambda agent_completions: list(agent_completions),
-                      args=cfg(num_turns=3, termination_threshold=0.5, max_steps=1))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=lambda a, b: [1.0],
+        external_transition=lambda agent_completions: list(agent_completions),
+        args=cfg(num_turns=3, termination_threshold=0.5, max_steps=1),
+    )
     ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
     assert len(ep.turns) == 1  # every branch reached the threshold
 
@@ -189,18 +233,26 @@ def test_cross_mode_scores_every_combination():
         calls.append((a[0], b[0]))
         return [float(len(a[0]) + 10 * len(b[0]))]
 
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=reward,
-                      args=cfg(per_device_train_batch_size=1, num_generations=3, joint_mode="cross", max_steps=1))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=reward,
+        args=cfg(per_device_train_batch_size=1, num_generations=3, joint_mode="cross", max_steps=1),
+    )
     t.train()
     assert len(calls) == 9  # G^N = 3^2 joint actions for one prompt
 
 
 def test_cross_mode_multi_turn_expands_every_joint_action():
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS,
-                      reward_func=lambda a, b: [float(len(a[0]) - len(b[0]))],
-                      external_transition=lambda agent_completions: [f"Revise: {c}" for c in agent_completions],
-                      args=cfg(per_device_train_batch_size=2, num_generations=2, joint_mode="cross", num_turns=2,
-                               max_steps=1))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=lambda a, b: [float(len(a[0]) - len(b[0]))],
+        external_transition=lambda agent_completions: [f"Revise: {c}" for c in agent_completions],
+        args=cfg(per_device_train_batch_size=2, num_generations=2, joint_mode="cross", num_turns=2, max_steps=1),
+    )
     ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
     first, second = ep.turns
     assert first.rewards.shape == (2, 4) and first.children.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -219,8 +271,14 @@ def test_cross_mode_multi_turn_expands_every_joint_action():
 
 
 def test_evaluate_greedy_by_default_and_sampling_when_asked():
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, eval_dataset=ROWS,
-                      reward_func=length_reward, args=cfg(max_new_tokens=12))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        eval_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(max_new_tokens=12),
+    )
     first = t.evaluate()
     texts_first = [s["completions"] for s in t.last_eval_samples]
     second = t.evaluate()
@@ -233,8 +291,13 @@ def test_evaluate_greedy_by_default_and_sampling_when_asked():
 
 
 def test_save_model_is_loadable_and_training_continues(tmp_path):
-    t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                      args=cfg(max_steps=2))
+    t = MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(max_steps=2),
+    )
     t.train()
     paths = t.save_model(str(tmp_path / "final"))
     for agent, path in zip(t.agents, paths):
@@ -248,9 +311,13 @@ def test_save_model_is_loadable_and_training_continues(tmp_path):
 
 def test_heterogeneous_team_with_different_tokenizers():
     small = tiny_model(layers=1, hidden=16, seed=1)
-    t = MAGRPOTrainer(agents=[tiny_model(), small], tokenizer=[tiny_tokenizer(), tiny_tokenizer(pad_is_eos=True)],
-                      train_dataset=ROWS, reward_func=length_reward,
-                      args=cfg(max_steps=1, apply_chat_template=[False, True]))
+    t = MAGRPOTrainer(
+        agents=[tiny_model(), small],
+        tokenizer=[tiny_tokenizer(), tiny_tokenizer(pad_is_eos=True)],
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(max_steps=1, apply_chat_template=[False, True]),
+    )
     t.train()
     assert t.agents[1].model.config.hidden_size == 16
     assert t.agents[1].chat and not t.agents[0].chat
@@ -277,7 +344,7 @@ def test_gradient_checkpointing_does_not_change_the_update():
     """The trainer turns on activation checkpointing when asked (no deprecation warning); the update is the same."""
     import warnings
 
-    from comlrl.models import is_checkpointing
+    from comlrl.engine.models import is_checkpointing
 
     a, _, _ = run(seed=7, max_steps=1)
     with warnings.catch_warnings():
@@ -296,8 +363,13 @@ def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
 
     calls = []
     monkeypatch.setattr(base, "limit_heap_fragmentation", lambda kb: calls.append(kb))
-    MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward,
-                  args=cfg(malloc_mmap_threshold_kb=512))
+    MAGRPOTrainer(
+        model=tiny_model(),
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(malloc_mmap_threshold_kb=512),
+    )
     assert calls == [512]
     with pytest.raises(ConfigError, match="malloc_mmap_threshold_kb"):
         cfg(malloc_mmap_threshold_kb=0)
@@ -311,9 +383,15 @@ def test_bf16_rollout_of_fp32_training_is_importance_corrected():
     """rollout_dtype='bfloat16' with fp32 training: the loss weighs tokens by min(p_fp32 / p_bf16, cap) (metrics
     near 1, a small KL), which changes the gradient against no correction on the same rollouts; rollouts in the
     training dtype record nothing."""
+
     def history(**kw):
-        t = MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, args=cfg(seed=5, max_steps=1, **kw),
-                          reward_func=lambda a, b: [float(sum(map(ord, a[0] + b[0])) % 7)])
+        t = MAGRPOTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            args=cfg(seed=5, max_steps=1, **kw),
+            reward_func=lambda a, b: [float(sum(map(ord, a[0] + b[0])) % 7)],
+        )
         return t.train()["history"][-1]
 
     m = history(rollout_dtype="bfloat16")

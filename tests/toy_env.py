@@ -34,8 +34,9 @@ class ToyEnv(base.Env):
         self.reward_func = ToyReward(num_agents, NAME)
 
     def load_dataset(self, source=None, split="train", limit=None):
-        return load_rows(source, split=split, limit=limit, required=["prompt"], normalize=lambda r, i: dict(r),
-                         env_name=NAME)
+        return load_rows(
+            source, split=split, limit=limit, required=["prompt"], normalize=lambda r, i: dict(r), env_name=NAME
+        )
 
     def formatters(self):
         return [lambda row: row["prompt"], lambda row: row["prompt"] + " More:"][: self.num_agents]
@@ -68,12 +69,27 @@ def write_config(path, rows: str, model: str, **training) -> str:
     """A run config for the toy env with a tiny model; ``training`` overrides the defaults below."""
     import yaml
 
-    settings = dict(seed=3, learning_rate=1e-2, per_device_train_batch_size=2, num_generations=2, max_new_tokens=6,
-                    max_steps=4, logging_steps=1, disable_tqdm=True)
+    settings = dict(
+        seed=3,
+        learning_rate=1e-2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=6,
+        max_steps=4,
+        logging_steps=1,
+        disable_tqdm=True,
+    )
     settings.update(training)
-    cfg = {"name": "toy", "algorithm": "magrpo", "env": {"name": NAME},
-           "data": {"source": rows, "eval_limit": 2}, "model": model, "num_agents": 2,
-           "training": settings, "report": False}
+    cfg = {
+        "name": "toy",
+        "algorithm": "magrpo",
+        "env": {"name": NAME},
+        "data": {"source": rows, "eval_limit": 2},
+        "model": model,
+        "num_agents": 2,
+        "training": settings,
+        "report": False,
+    }
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh, sort_keys=False)
     return str(path)

@@ -55,8 +55,13 @@ MS_STRICTATIME = 1 << 24
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 MOUNT_OPTION_FLAGS = {
-    "ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
-    "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME,
+    "ro": MS_RDONLY,
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
     "strictatime": MS_STRICTATIME,
 }
 
@@ -101,7 +106,7 @@ def make_emitter(fd: int, nonce: str, _write=os.write, _encode=to_json):  # noqa
         data = (_encode(record) + "\n").encode()
         try:
             while data:
-                data = data[_write(fd, data):]
+                data = data[_write(fd, data) :]
         except OSError:
             pass  # the program closed our descriptor: its tests simply go unreported
 
@@ -134,19 +139,21 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int,
-           data: str | None = None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
-           f"mount {fstype or source} on {target}")
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {fstype or source} on {target}"
+    )
 
 
 def _unescape_octal(field: str) -> str:
     """Undo mountinfo's escapes (space is \\040, newline \\012, ...)."""
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(field[i])
@@ -193,12 +200,13 @@ def _blocked_ancestor(paths: list[str]) -> str | None:
     return None
 
 
-def _cover(directory: str, keep: list[str], size_mb: int, mode: str, uid: int | None = None,
-           readonly: bool = False) -> None:
+def _cover(
+    directory: str, keep: list[str], size_mb: int, mode: str, uid: int | None = None, readonly: bool = False
+) -> None:
     """Mount a fresh tmpfs over ``directory``, with read-only bind mounts of the entries that
     lead to the ``keep`` paths below it (so the interpreter stays reachable)."""
     prefix = directory.rstrip("/") + "/"
-    children = {p[len(prefix):].split("/")[0] for p in keep if p.startswith(prefix)}
+    children = {p[len(prefix) :].split("/")[0] for p in keep if p.startswith(prefix)}
     fds = {c: os.open(prefix + c, os.O_PATH) for c in sorted(children)}  # before they vanish
     _tmpfs(directory, size_mb, mode, uid)
     for child, fd in fds.items():
@@ -278,8 +286,7 @@ def _init(worker: int, emit: Emit) -> None:
     while True:
         pid, status, usage = os.wait4(-1, 0)
         if pid == worker:
-            emit("exit", code=os.waitstatus_to_exitcode(status),
-                 cpu=usage.ru_utime + usage.ru_stime)
+            emit("exit", code=os.waitstatus_to_exitcode(status), cpu=usage.ru_utime + usage.ru_stime)
             os._exit(_exit_code(status))
 
 
@@ -389,9 +396,16 @@ def _failure_message(exc: BaseException, source: str) -> str:
     return clip(source.strip())
 
 
-def run_statement_test(index: int, source: str, namespace: dict, timeout: float,
-                       _compile=compile, _exec=exec, _start=_start_timer,  # noqa: ANN001
-                       _stop=_stop_timer) -> tuple[str, str]:  # noqa: ANN001
+def run_statement_test(
+    index: int,
+    source: str,
+    namespace: dict,
+    timeout: float,
+    _compile=compile,
+    _exec=exec,
+    _start=_start_timer,  # noqa: ANN001
+    _stop=_stop_timer,
+) -> tuple[str, str]:  # noqa: ANN001
     """Run one assert statement / test block; returns (status, message)."""
     try:
         code = _compile(source, f"<test {index}>", "exec")
@@ -412,11 +426,9 @@ def run_statement_test(index: int, source: str, namespace: dict, timeout: float,
     return "passed", ""
 
 
-def run_asserts(tests: list[str] | str, namespace: dict, timeout: float, emit: Emit,
-                _run=run_statement_test) -> None:  # noqa: ANN001
+def run_asserts(tests: list[str] | str, namespace: dict, timeout: float, emit: Emit, _run=run_statement_test) -> None:  # noqa: ANN001
     """Run each assert statement (or the one test block) as its own test."""
-    items = [("check", tests)] if isinstance(tests, str) else [
-        (f"assert {i}", t) for i, t in enumerate(tests)]
+    items = [("check", tests)] if isinstance(tests, str) else [(f"assert {i}", t) for i, t in enumerate(tests)]
     emit("plan", names=[name for name, _ in items])
     for index, (name, source) in enumerate(items):
         emit("start", index=index)
@@ -427,9 +439,11 @@ def run_asserts(tests: list[str] | str, namespace: dict, timeout: float, emit: E
 def _test_case_classes(namespace: dict) -> list[type]:
     import unittest
 
-    return [v for v in list(namespace.values())
-            if isinstance(v, type) and issubclass(v, unittest.TestCase)
-            and v.__module__ == PROGRAM_MODULE]
+    return [
+        v
+        for v in list(namespace.values())
+        if isinstance(v, type) and issubclass(v, unittest.TestCase) and v.__module__ == PROGRAM_MODULE
+    ]
 
 
 def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never import unittest
@@ -459,8 +473,7 @@ def _make_result_class():  # noqa: ANN202 - built lazily so plain asserts never 
             name = self._name(test)
             self.reported.add(name)
             status, message = self.outcome
-            self.emit("test", index=self.index.get(name, -1), name=name,
-                          status=status, message=message)
+            self.emit("test", index=self.index.get(name, -1), name=name, status=status, message=message)
             super().stopTest(test)
 
         def _set(self, status: str, message: str) -> None:
@@ -512,8 +525,13 @@ def run_unittests(namespace: dict, timeout: float, emit: Emit) -> None:
             name = f"{cls.__name__}.{method}"
             if name not in result.reported:
                 status = "timeout" if "exceeded" in result.fixture_error else "error"
-                emit("test", index=index[name], name=name, status=status,
-                         message=result.fixture_error or "test did not run")
+                emit(
+                    "test",
+                    index=index[name],
+                    name=name,
+                    status=status,
+                    message=result.fixture_error or "test did not run",
+                )
 
 
 def load_source(source: str, filename: str, namespace: dict) -> tuple[str, str] | None:

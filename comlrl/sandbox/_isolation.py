@@ -34,16 +34,17 @@ def _probe(mode: str, netns: bool) -> bool:
     limits = SandboxLimits(timeout=20.0)
     job = {"probe": True, "program": "", "tests": [], "kind": "asserts", "setup": ""}
     try:
-        raw = execute(job, mode=mode, netns=netns, limits=limits, timeout=limits.timeout,
-                      nproc=None)
+        raw = execute(job, mode=mode, netns=netns, limits=limits, timeout=limits.timeout, nproc=None)
     except OSError as exc:
         logger.debug("sandbox probe %s (netns=%s) could not start: %s", mode, netns, exc)
         return False
     kinds = {r.get("type") for r in raw.records}
     ok = "hello" in kinds and "done" in kinds
     if not ok:
-        failure = next((r.get("message") for r in raw.records if r.get("type") == "setup_failed"),
-                       raw.stderr.decode(errors="replace")[-500:])
+        failure = next(
+            (r.get("message") for r in raw.records if r.get("type") == "setup_failed"),
+            raw.stderr.decode(errors="replace")[-500:],
+        )
         logger.debug("sandbox probe %s (netns=%s) failed: %s", mode, netns, failure)
     return ok
 
@@ -76,16 +77,19 @@ def current_isolation() -> Isolation:
                     _cached = Isolation(mode, netns)
                     break
             if _cached is None:
-                raise RuntimeError(f"sandbox: isolation mode {candidates[0][0]!r} ({MODE_ENV}) "
-                                   "does not work here; enable debug logging for the reason")
-            logger.info("sandbox isolation: mode=%s network namespace=%s",
-                        _cached.mode, _cached.netns)
+                raise RuntimeError(
+                    f"sandbox: isolation mode {candidates[0][0]!r} ({MODE_ENV}) "
+                    "does not work here; enable debug logging for the reason"
+                )
+            logger.info("sandbox isolation: mode=%s network namespace=%s", _cached.mode, _cached.netns)
             if _cached.mode in ("uid", "plain"):
                 logger.warning(
                     "sandbox: Linux namespaces are unavailable (mode %r); programs run with "
                     "rlimits, a scrubbed environment and a temporary directory%s (see "
-                    "docs/sandbox.md)", _cached.mode,
-                    " under a sandbox uid" if _cached.mode == "uid" else " only")
+                    "docs/sandbox.md)",
+                    _cached.mode,
+                    " under a sandbox uid" if _cached.mode == "uid" else " only",
+                )
         return _cached
 
 
@@ -101,8 +105,10 @@ def warn_network_once() -> None:
         if _warned_network:
             return
         _warned_network = True
-    logger.warning("sandbox: network isolation is unavailable here (no network namespace); "
-                   "sandboxed programs can open network connections")
+    logger.warning(
+        "sandbox: network isolation is unavailable here (no network namespace); "
+        "sandboxed programs can open network connections"
+    )
 
 
 def nproc_limit(mode: str, max_processes: int) -> int | None:

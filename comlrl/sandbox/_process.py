@@ -187,7 +187,7 @@ def _payload_fd(payload: dict[str, Any]) -> int:
             fd = os.dup(tmp.fileno())
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
@@ -202,15 +202,26 @@ def _killpg(pid: int) -> None:
 class _Collector:
     """Reads stdout, stderr and the result channel of one run until it is over."""
 
-    def __init__(self, proc: subprocess.Popen, result_fd: int, limits: SandboxLimits,
-                 deadline: float, uid: int | None, nonce: str, pidns: bool) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        result_fd: int,
+        limits: SandboxLimits,
+        deadline: float,
+        uid: int | None,
+        nonce: str,
+        pidns: bool,
+    ) -> None:
         assert proc.stdout is not None and proc.stderr is not None
         self.proc, self.limits, self.deadline, self.uid = proc, limits, deadline, uid
         self.nonce, self.pidns = nonce, pidns
         self.out_fd, self.err_fd, self.res_fd = proc.stdout.fileno(), proc.stderr.fileno(), result_fd
         self.bufs = {self.out_fd: bytearray(), self.err_fd: bytearray(), self.res_fd: bytearray()}
-        self.caps = {self.out_fd: limits.max_output_bytes, self.err_fd: limits.max_output_bytes,
-                     self.res_fd: RESULT_CAP_BYTES}
+        self.caps = {
+            self.out_fd: limits.max_output_bytes,
+            self.err_fd: limits.max_output_bytes,
+            self.res_fd: RESULT_CAP_BYTES,
+        }
         self.raw = RawRun()
         self.sel = selectors.DefaultSelector()
         for fd in self.bufs:
@@ -333,15 +344,23 @@ def _spawn(payload: dict[str, Any], workdir: str, result_w: int) -> subprocess.P
     cmd = [sys.executable, "-I", "-S", "-X", "utf8", str(HARNESS), str(payload_fd), str(result_w)]
     try:
         return subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=workdir, env=clean_env(workdir), start_new_session=True,
-            pass_fds=(payload_fd, result_w), close_fds=True)
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=clean_env(workdir),
+            start_new_session=True,
+            pass_fds=(payload_fd, result_w),
+            close_fds=True,
+        )
     finally:
         os.close(payload_fd)
 
 
-def execute(job: dict[str, Any], *, mode: str, netns: bool, limits: SandboxLimits,
-            timeout: float, nproc: int | None) -> RawRun:
+def execute(
+    job: dict[str, Any], *, mode: str, netns: bool, limits: SandboxLimits, timeout: float, nproc: int | None
+) -> RawRun:
     """Run the harness once on ``job`` under the given isolation mode and limits."""
     start = time.monotonic()
     uid = UID_POOL.acquire() if mode in UID_MODES else None
@@ -350,11 +369,22 @@ def execute(job: dict[str, Any], *, mode: str, netns: bool, limits: SandboxLimit
         if uid is not None:
             os.chown(workdir, uid, uid)
         nonce = secrets.token_hex(16)
-        payload = dict(job, nonce=nonce, mode=mode, netns=netns, uid=uid, workdir=workdir,
-                       parent_pid=os.getpid(), nproc=nproc, cpu_seconds=limits.cpu_seconds,
-                       memory_mb=limits.memory_mb, file_size_mb=limits.file_size_mb,
-                       disk_mb=limits.disk_mb, per_test_timeout=limits.per_test_timeout,
-                       site_paths=site_paths())
+        payload = dict(
+            job,
+            nonce=nonce,
+            mode=mode,
+            netns=netns,
+            uid=uid,
+            workdir=workdir,
+            parent_pid=os.getpid(),
+            nproc=nproc,
+            cpu_seconds=limits.cpu_seconds,
+            memory_mb=limits.memory_mb,
+            file_size_mb=limits.file_size_mb,
+            disk_mb=limits.disk_mb,
+            per_test_timeout=limits.per_test_timeout,
+            site_paths=site_paths(),
+        )
         raw = _run_harness(payload, limits, start + timeout, uid, pidns=mode.startswith("ns-"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -364,8 +394,9 @@ def execute(job: dict[str, Any], *, mode: str, netns: bool, limits: SandboxLimit
     return raw
 
 
-def _run_harness(payload: dict[str, Any], limits: SandboxLimits, deadline: float,
-                 uid: int | None, pidns: bool) -> RawRun:
+def _run_harness(
+    payload: dict[str, Any], limits: SandboxLimits, deadline: float, uid: int | None, pidns: bool
+) -> RawRun:
     result_r, result_w = os.pipe()
     proc = None
     try:

@@ -25,8 +25,9 @@ def _validate(program: Any, tests: Any, kind: Any, setup: Any) -> None:
     if not isinstance(setup, str):
         raise TypeError(f"run_tests: setup must be a str, got {type(setup).__name__}")
     if kind == "unittest" and not isinstance(tests, str):
-        raise TypeError(f"run_tests: kind='unittest' needs tests as a str of unittest source, "
-                        f"got {type(tests).__name__}")
+        raise TypeError(
+            f"run_tests: kind='unittest' needs tests as a str of unittest source, got {type(tests).__name__}"
+        )
     if kind == "asserts" and not isinstance(tests, str):
         if not isinstance(tests, (list, tuple)) or not all(isinstance(t, str) for t in tests):
             raise TypeError("run_tests: kind='asserts' needs tests as a list of str or one str")
@@ -41,7 +42,10 @@ def static_test_count(tests: list[str] | str, kind: str) -> int:
         return 0
     return sum(
         isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")
-        for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for item in node.body)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+    )
 
 
 def _exit_text(code: int | None) -> str:
@@ -55,16 +59,14 @@ def _exit_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _classify(raw: RawRun, by_type: dict[str, dict], limits: SandboxLimits,
-              wall: float) -> tuple[str, str]:
+def _classify(raw: RawRun, by_type: dict[str, dict], limits: SandboxLimits, wall: float) -> tuple[str, str]:
     """Run status and message from the records and how the process ended."""
     if "done" in by_type:
         return "ok", ""
     if "load" in by_type:
         load = by_type["load"]
         status = load.get("status")
-        return (status if status in ("syntax_error", "program_error") else "crashed",
-                str(load.get("message", "")))
+        return (status if status in ("syntax_error", "program_error") else "crashed", str(load.get("message", "")))
     if "setup_failed" in by_type:
         return "crashed", f"sandbox setup failed: {by_type['setup_failed'].get('message', '')}"
     if raw.killed == "timeout":
@@ -103,13 +105,11 @@ def _outcomes(records: list[dict], status: str, message: str) -> tuple[list[Test
     tests = [reported[i] for i in sorted(reported)] + extra
     if running is not None and running not in reported and plan and 0 <= running < len(plan):
         # The process died inside this test: the test gets the blame, not a silent gap.
-        tests.append(TestOutcome(plan[running], "timeout" if status == "timeout" else "error",
-                                 message))
+        tests.append(TestOutcome(plan[running], "timeout" if status == "timeout" else "error", message))
     return tests, (len(plan) if plan is not None else None)
 
 
-def _assemble(raw: RawRun, tests: list[str] | str, kind: str, limits: SandboxLimits,
-              wall: float) -> SandboxResult:
+def _assemble(raw: RawRun, tests: list[str] | str, kind: str, limits: SandboxLimits, wall: float) -> SandboxResult:
     by_type: dict[str, dict] = {}
     for rec in raw.records:
         by_type.setdefault(str(rec.get("type")), rec)
@@ -118,17 +118,34 @@ def _assemble(raw: RawRun, tests: list[str] | str, kind: str, limits: SandboxLim
     requested = static_test_count(tests, kind)
     if kind == "unittest" and planned is not None:
         requested = planned
-    info = {"exit_code": raw.returncode, "cpu_seconds": raw.cpu,
-            "isolation": by_type.get("hello", {}).get("isolation"),
-            "output_bytes": raw.output_bytes, "forged_records": raw.forged}
-    return SandboxResult(status=status, tests=outcomes,
-                         stdout=raw.stdout.decode("utf-8", errors="replace"),
-                         stderr=raw.stderr.decode("utf-8", errors="replace"),
-                         duration=raw.duration, message=message, n_requested=requested, info=info)
+    info = {
+        "exit_code": raw.returncode,
+        "cpu_seconds": raw.cpu,
+        "isolation": by_type.get("hello", {}).get("isolation"),
+        "output_bytes": raw.output_bytes,
+        "forged_records": raw.forged,
+    }
+    return SandboxResult(
+        status=status,
+        tests=outcomes,
+        stdout=raw.stdout.decode("utf-8", errors="replace"),
+        stderr=raw.stderr.decode("utf-8", errors="replace"),
+        duration=raw.duration,
+        message=message,
+        n_requested=requested,
+        info=info,
+    )
 
 
-def run_tests(program: str, tests: list[str] | str, *, kind: str = "asserts", setup: str = "",
-              limits: SandboxLimits | None = None, timeout: float | None = None) -> SandboxResult:
+def run_tests(
+    program: str,
+    tests: list[str] | str,
+    *,
+    kind: str = "asserts",
+    setup: str = "",
+    limits: SandboxLimits | None = None,
+    timeout: float | None = None,
+) -> SandboxResult:
     """Run ``program`` and its tests in a fresh isolated interpreter and report each test.
 
     kind="asserts": ``tests`` is a list of statements (one test each) or one string (one
@@ -144,25 +161,30 @@ def run_tests(program: str, tests: list[str] | str, *, kind: str = "asserts", se
     iso = current_isolation()
     if not limits.network and not iso.netns:
         warn_network_once()
-    job = {"program": program, "tests": tests if isinstance(tests, str) else list(tests),
-           "kind": kind, "setup": setup}
-    raw = execute(job, mode=iso.mode, netns=iso.netns and not limits.network, limits=limits,
-                  timeout=wall, nproc=nproc_limit(iso.mode, limits.max_processes))
+    job = {"program": program, "tests": tests if isinstance(tests, str) else list(tests), "kind": kind, "setup": setup}
+    raw = execute(
+        job,
+        mode=iso.mode,
+        netns=iso.netns and not limits.network,
+        limits=limits,
+        timeout=wall,
+        nproc=nproc_limit(iso.mode, limits.max_processes),
+    )
     return _assemble(raw, tests, kind, limits, wall)
 
 
 def _run_job(index: int, job: Mapping[str, Any]) -> SandboxResult:
     if not isinstance(job, Mapping):
-        raise TypeError(f"run_many: job {index} must be a dict of run_tests arguments, "
-                        f"got {type(job).__name__}")
+        raise TypeError(f"run_many: job {index} must be a dict of run_tests arguments, got {type(job).__name__}")
     try:
         return run_tests(**job)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"run_many: job {index}: {exc}") from exc
 
 
-def run_many(jobs: Sequence[Mapping[str, Any]], max_workers: int | None = None,
-             progress: bool = False) -> list[SandboxResult]:
+def run_many(
+    jobs: Sequence[Mapping[str, Any]], max_workers: int | None = None, progress: bool = False
+) -> list[SandboxResult]:
     """Run many ``run_tests`` jobs (dicts of its keyword arguments) in parallel.
 
     Results come back in job order. ``max_workers`` defaults to the number of CPUs."""
@@ -173,8 +195,7 @@ def run_many(jobs: Sequence[Mapping[str, Any]], max_workers: int | None = None,
     if workers < 1:
         raise ValueError(f"run_many: max_workers must be >= 1, got {max_workers!r}")
     current_isolation()  # probe once up front rather than in the first few workers
-    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)),
-                            thread_name_prefix="comlrl-sandbox") as pool:
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="comlrl-sandbox") as pool:
         futures = [pool.submit(_run_job, i, job) for i, job in enumerate(jobs)]
         if progress:
             _show_progress(futures)

@@ -25,8 +25,17 @@ class SandboxLimits:
     output_kill_bytes: int = 16 * 1024 * 1024  # total output after which the run is killed
 
     def __post_init__(self) -> None:
-        for name in ("timeout", "per_test_timeout", "cpu_seconds", "memory_mb", "file_size_mb",
-                     "max_processes", "max_output_bytes", "disk_mb", "output_kill_bytes"):
+        for name in (
+            "timeout",
+            "per_test_timeout",
+            "cpu_seconds",
+            "memory_mb",
+            "file_size_mb",
+            "max_processes",
+            "max_output_bytes",
+            "disk_mb",
+            "output_kill_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
 

@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from ..advantages import normalize, tree_gae
+from ..algorithms.advantages import normalize, tree_gae
+from ..algorithms.losses import value_loss
 from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
-from ..critic import ValueModel, encode_texts, joint_action_text, joint_state_text
 from ..distributed import shard_bounds
+from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_state_text
+from ..engine.models import copy_model, load_model, load_tokenizer
+from ..engine.sampling import derive_seed, seeded
+from ..engine.team import active_adapter, wrap_lora
 from ..errors import ConfigError
-from ..losses import value_loss
-from ..models import copy_model, load_model, load_tokenizer
-from ..sampling import derive_seed, seeded
-from ..team import active_adapter, wrap_lora
 from .base import MultiAgentTrainer
 from .episode import Episode, joint_indices
 from .setup import build_optimizer, build_tokenizers
@@ -79,7 +79,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
     # ------------------------------------------------------------------ construction
     def _check_args(self) -> None:
         if not isinstance(self.args, self.config_class):
-            raise ConfigError(f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}.")
+            raise ConfigError(
+                f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}."
+            )
         super()._check_args()
 
     def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
@@ -123,7 +125,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 model = ValueModel(agent.model, detach_backbone=True) if backbone is None else ValueModel(backbone)
             model.to(self.device)
             tok = load_tokenizer(tok) if tok is not None else agent.tokenizer
-            opt, sched = build_optimizer(model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates)
+            opt, sched = build_optimizer(
+                model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates
+            )
             self.critics.append(Critic(model, tok, opt, sched, r, agent.adapter if backbone is None else None))
         del self.critics_spec
 
@@ -131,7 +135,10 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
         """advantages[agent][turn] = GAE target - V(h), from each agent's critic (IAC) or the shared one (MAAC)."""
         a = self.args
-        rewards = [t.rewards if a.reward_clip is None else t.rewards.clamp(-a.reward_clip, a.reward_clip) for t in episode.turns]
+        rewards = [
+            t.rewards if a.reward_clip is None else t.rewards.clamp(-a.reward_clip, a.reward_clip)
+            for t in episode.turns
+        ]
         children = [t.children for t in episode.turns]
         per_critic, batches = {}, []
         for critic, (node_values, batch) in zip(self.critics, self._values(episode)):
@@ -164,8 +171,15 @@ class ActorCriticTrainer(MultiAgentTrainer):
         for turn in episode.turns:
             if self.args.critic_type == "q":
                 combos = joint_indices(self.num_agents, g, "align")
-                texts.append([joint_action_text(nd.prompts, [turn.samples[i].texts[m * g + c[i]] for i in range(self.num_agents)])
-                              for m, nd in enumerate(turn.nodes) for c in combos])
+                texts.append(
+                    [
+                        joint_action_text(
+                            nd.prompts, [turn.samples[i].texts[m * g + c[i]] for i in range(self.num_agents)]
+                        )
+                        for m, nd in enumerate(turn.nodes)
+                        for c in combos
+                    ]
+                )
             elif critic.reads is None:
                 texts.append([joint_state_text(nd.prompts) for nd in turn.nodes])
             else:
@@ -211,7 +225,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         with active_adapter(critic.model.backbone, critic.adapter):
             for lo in range(0, ids.shape[0], chunk):
                 with self.autocast():
-                    outs.append(critic.model(ids[lo:lo + chunk].to(self.device), mask[lo:lo + chunk].to(self.device)))
+                    outs.append(
+                        critic.model(ids[lo : lo + chunk].to(self.device), mask[lo : lo + chunk].to(self.device))
+                    )
         return torch.cat(outs)
 
     # ------------------------------------------------------------------ update
@@ -247,8 +263,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 loss_sum += float(loss.detach())
         params = critic.model.trainable_parameters()
         if group is not None:  # the sum of the shards' gradients is the full-batch gradient
-            loss_sum = self.dist.sum_gradients(params, {"loss": loss_sum}, group, object_group,
-                                               f"critic {critic.index}")["loss"]
+            loss_sum = self.dist.sum_gradients(
+                params, {"loss": loss_sum}, group, object_group, f"critic {critic.index}"
+            )["loss"]
         if self.args.critic_max_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, self.args.critic_max_grad_norm)
         critic.optimizer.step()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
 import math
@@ -17,20 +18,37 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .. import distributed
+from .. import checkpoint, distributed
+from ..algorithms.losses import loss_weights, policy_loss
 from ..config import MAGRPOConfig
+from ..engine.logprobs import completion_logprobs, team_completion_logprobs
+from ..engine.models import check_vocab, copy_model, disable_dropout
+from ..engine.process import (
+    default_bf16,
+    limit_heap_fragmentation,
+    native_bf16,
+    release_freed_memory,
+    resolve_device,
+    set_seed,
+)
+from ..engine.rollout import GenerationSettings
+from ..engine.sampling import derive_seed
+from ..engine.team import active_adapter, adapter_parameters, build_lora_team, can_route, reference_mode, trainable
 from ..errors import ConfigError
-from ..losses import loss_weights, policy_loss
-from ..models import check_vocab, copy_model
-from ..rollout import GenerationSettings, completion_logprobs, team_completion_logprobs
-from ..sampling import derive_seed
-from .. import checkpoint
 from ..tracking import Tracker
-from .episode import Episode, check_transition, episode_advantages, root_nodes, run_episode
-from ..team import active_adapter, adapter_parameters, build_lora_team, can_route, reference_mode, trainable
-from .setup import (Agent, apply_formatter, build_formatters, check_batch_size, build_models, build_optimizer, build_tokenizers,
-                    chat_flags, default_bf16, disable_dropout, limit_heap_fragmentation, native_bf16, release_freed_memory,
-                    resolve_device, set_seed, source_groups, team_sources)
+from .episode import Episode, check_transition, episode_advantages, generate_team, root_nodes, run_episode
+from .setup import (
+    Agent,
+    apply_formatter,
+    build_formatters,
+    build_models,
+    build_optimizer,
+    build_tokenizers,
+    chat_flags,
+    check_batch_size,
+    source_groups,
+    team_sources,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +62,7 @@ class MultiAgentTrainer:
         num_agents: team size when ``model`` is given (default 2, or len(formatters)).
         tokenizer: one tokenizer for all agents or one per agent (default: loaded with each model).
         train_dataset / eval_dataset: a ``datasets.Dataset`` or a list of dict rows.
-        reward_func: ``(*agent_completions, **extras) -> list[float]``, see :mod:`comlrl.rewards`.
+        reward_func: ``(*agent_completions, **extras) -> list[float]``, see :mod:`comlrl.engine.rewards`.
         reward_processor: float -> float applied to each team reward.
         formatters: one callable per agent (or one shared), dataset row -> prompt str.
         args: the trainer's config dataclass.
@@ -59,11 +77,22 @@ class MultiAgentTrainer:
     supports_distributed = True  # torchrun placement / data parallelism (comlrl.distributed)
 
     def __init__(
-        self, model: Any = None, num_agents: int | None = None, tokenizer: Any = None, train_dataset: Any = None,
-        reward_func: Callable | None = None, formatters: Any = None, args: MAGRPOConfig | None = None, *,
-        agent_model: Any = None, agents: Sequence | None = None, eval_dataset: Any = None,
-        reward_processor: Callable | None = None, external_transition: Callable | None = None,
-        eval_reward_func: Callable | None = None, peft_config: Any = None,
+        self,
+        model: Any = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        train_dataset: Any = None,
+        reward_func: Callable | None = None,
+        formatters: Any = None,
+        args: MAGRPOConfig | None = None,
+        *,
+        agent_model: Any = None,
+        agents: Sequence | None = None,
+        eval_dataset: Any = None,
+        reward_processor: Callable | None = None,
+        external_transition: Callable | None = None,
+        eval_reward_func: Callable | None = None,
+        peft_config: Any = None,
     ) -> None:
         # a copy: resolving defaults (bf16) and per-rank settings never changes the caller's config
         self.args = copy.deepcopy(args) if args is not None else self.config_class()
@@ -78,7 +107,9 @@ class MultiAgentTrainer:
         if reward_func is None or not callable(reward_func):
             raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
         if self.args.num_turns > 1 and external_transition is None:
-            raise ConfigError(f"num_turns={self.args.num_turns} needs external_transition= to build later turns' prompts.")
+            raise ConfigError(
+                f"num_turns={self.args.num_turns} needs external_transition= to build later turns' prompts."
+            )
         if external_transition is not None:
             check_transition(external_transition)
         set_seed(self.args.seed)
@@ -105,14 +136,21 @@ class MultiAgentTrainer:
         if peft_config is not None and self.args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
             models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
         tokenizers = build_tokenizers(tokenizer, sources, local)
-        self.formatters = fmts = build_formatters(formatters, self.num_agents)  # every agent's: prompts of the whole team
+        self.formatters = fmts = build_formatters(
+            formatters, self.num_agents
+        )  # every agent's: prompts of the whole team
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
         groups = source_groups(here) if share else list(range(len(local)))
         self._team_sources, self._tokenizer_source = sources, tokenizer  # every agent's, also those on other ranks
         self.prepare_models(here, models, peft_config)
-        lora_seeds = [derive_seed(self.args.seed, "lora", i) for i in local]  # an adapter's init does not depend on placement
-        wrapped = (build_lora_team(models, groups, peft_config, local, lora_seeds) if peft_config is not None
-                   else [(m, None) for m in models])
+        lora_seeds = [
+            derive_seed(self.args.seed, "lora", i) for i in local
+        ]  # an adapter's init does not depend on placement
+        wrapped = (
+            build_lora_team(models, groups, peft_config, local, lora_seeds)
+            if peft_config is not None
+            else [(m, None) for m in models]
+        )
         self.agents = []
         for i, (m, adapter), tok in zip(local, wrapped, tokenizers):
             fmt, chat = fmts[i], chats[i]
@@ -153,7 +191,9 @@ class MultiAgentTrainer:
 
     def _check_args(self) -> None:
         if not isinstance(self.args, self.config_base):
-            raise ConfigError(f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}.")
+            raise ConfigError(
+                f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}."
+            )
         fixed = self.fixed_advantage_mode
         if fixed is not None and getattr(self.args, "advantage_mode", fixed) != fixed:
             raise ConfigError(
@@ -191,12 +231,29 @@ class MultiAgentTrainer:
     def generation_settings(self, train: bool = True) -> GenerationSettings:
         a = self.args
         if train:
-            return GenerationSettings(a.max_new_tokens, True, a.temperature, a.top_p, a.top_k, a.max_prompt_length,
-                                      a.fast_generation, a.concurrent_rollout, logprobs=self.corrects_rollout,
-                                      repetition_penalty=a.repetition_penalty)
-        return GenerationSettings(a.max_new_tokens, a.eval_do_sample, a.eval_temperature, a.top_p, a.top_k,
-                                  a.max_prompt_length, a.fast_generation, a.concurrent_rollout,
-                                  repetition_penalty=a.repetition_penalty)
+            return GenerationSettings(
+                a.max_new_tokens,
+                True,
+                a.temperature,
+                a.top_p,
+                a.top_k,
+                a.max_prompt_length,
+                a.fast_generation,
+                a.concurrent_rollout,
+                logprobs=self.corrects_rollout,
+                repetition_penalty=a.repetition_penalty,
+            )
+        return GenerationSettings(
+            a.max_new_tokens,
+            a.eval_do_sample,
+            a.eval_temperature,
+            a.top_p,
+            a.top_k,
+            a.max_prompt_length,
+            a.fast_generation,
+            a.concurrent_rollout,
+            repetition_penalty=a.repetition_penalty,
+        )
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -232,7 +289,7 @@ class MultiAgentTrainer:
                 order = list(range(n))
             starts = list(range(0, n, bs))
             for b in range(self.state["batch_in_epoch"], len(starts)):
-                ids = order[starts[b]:starts[b] + bs]
+                ids = order[starts[b] : starts[b] + bs]
                 self.state["batch_in_epoch"] = b + 1
                 yield [self.train_dataset[i] for i in ids], ids
             self.state["epoch"] += 1
@@ -252,8 +309,9 @@ class MultiAgentTrainer:
         if resume_from_checkpoint is True:
             resume_from_checkpoint = checkpoint.latest_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
-                raise ConfigError(f"train(resume_from_checkpoint=True): no checkpoint in output_dir "
-                                  f"'{self.args.output_dir}'.")
+                raise ConfigError(
+                    f"train(resume_from_checkpoint=True): no checkpoint in output_dir '{self.args.output_dir}'."
+                )
         resuming = resume_from_checkpoint not in (None, False)
         if resuming:
             self.load_checkpoint(str(resume_from_checkpoint))
@@ -294,8 +352,14 @@ class MultiAgentTrainer:
         """The run's metric sinks in ``output_dir``; ``resume``: continue the metrics already there."""
         a = self.args
         self._owns_tracker = True
-        return Tracker(a.output_dir, a.report_to, config=a.to_dict(), trainer=type(self).__name__,
-                       overwrite=a.overwrite_output_dir, resume=resume)
+        return Tracker(
+            a.output_dir,
+            a.report_to,
+            config=a.to_dict(),
+            trainer=type(self).__name__,
+            overwrite=a.overwrite_output_dir,
+            resume=resume,
+        )
 
     def save_checkpoint(self, output_dir: str | None = None) -> Path:
         """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""
@@ -318,8 +382,14 @@ class MultiAgentTrainer:
         buffer, per_rollout = [], []
         while len(buffer) < a.gradient_accumulation_steps and self.state["rollouts"] < self.total_rollouts:
             rows, ids = next(batches)
-            episode = self.rollout(rows, ids, self.generation_settings(train=True), a.num_generations, self.reward_func,
-                                   seed=derive_seed(a.seed, "train", self.state["rollouts"]))
+            episode = self.rollout(
+                rows,
+                ids,
+                self.generation_settings(train=True),
+                a.num_generations,
+                self.reward_func,
+                seed=derive_seed(a.seed, "train", self.state["rollouts"]),
+            )
             self.state["rollouts"] += 1
             per_rollout.append(self.episode_metrics(episode))
             buffer.append((episode, self.compute_advantages(episode, per_rollout[-1])))
@@ -336,12 +406,27 @@ class MultiAgentTrainer:
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
         """advantages[agent][turn] for one rollout: the baseline of ``advantage_mode`` over sibling returns."""
         a = self.args
-        return episode_advantages(episode, self.num_agents, a.num_generations, joint_mode=a.joint_mode,
-                                  mode=a.advantage_mode, scale=a.scale_rewards, discount=a.discount,
-                                  reward_clip=a.reward_clip)
+        return episode_advantages(
+            episode,
+            self.num_agents,
+            a.num_generations,
+            joint_mode=a.joint_mode,
+            mode=a.advantage_mode,
+            scale=a.scale_rewards,
+            discount=a.discount,
+            reward_clip=a.reward_clip,
+        )
 
-    def rollout(self, rows: list[dict], row_ids: list[int], settings: GenerationSettings, num_generations: int,
-                reward_func: Callable, dataset: Any = None, seed: int | None = None) -> Episode:
+    def rollout(
+        self,
+        rows: list[dict],
+        row_ids: list[int],
+        settings: GenerationSettings,
+        num_generations: int,
+        reward_func: Callable,
+        dataset: Any = None,
+        seed: int | None = None,
+    ) -> Episode:
         """Sample the team's answers for ``rows`` and score them (no gradients).
 
         ``seed``: sampling key of the episode (default: from args.seed, the step and the row ids); each row samples
@@ -353,11 +438,20 @@ class MultiAgentTrainer:
             seed = derive_seed(self.args.seed, "rollout", self.state["step"], *row_ids)
         d = self.dist
         return run_episode(
-            self.agents, nodes, reward_func=reward_func, num_generations=num_generations, settings=settings,
-            joint_mode=getattr(self.args, "joint_mode", "align"), num_turns=self.args.num_turns, external_transition=self.external_transition,
-            termination_threshold=self.args.termination_threshold, reward_processor=self.reward_processor,
-            autocast_dtype=self.rollout_dtype, seed=seed,
-            generate_fn=d.generate_team if d else None, run_once=d.run_once if d else None,
+            self.agents,
+            nodes,
+            reward_func=reward_func,
+            num_generations=num_generations,
+            settings=settings,
+            joint_mode=getattr(self.args, "joint_mode", "align"),
+            num_turns=self.args.num_turns,
+            external_transition=self.external_transition,
+            termination_threshold=self.args.termination_threshold,
+            reward_processor=self.reward_processor,
+            autocast_dtype=self.rollout_dtype,
+            seed=seed,
+            generate_fn=functools.partial(d.generate_team, generate_team=generate_team) if d else None,
+            run_once=d.run_once if d else None,
         )
 
     # ------------------------------------------------------------------ update
@@ -367,9 +461,15 @@ class MultiAgentTrainer:
         for group in self._update_groups():
             data = {}  # agent index -> (batches, weights, old log-prob cache)
             for agent in group:
-                batches = [(turn.samples[agent.index], adv[agent.index][t]) for ep, adv in buffer for t, turn in enumerate(ep.turns)]
+                batches = [
+                    (turn.samples[agent.index], adv[agent.index][t])
+                    for ep, adv in buffer
+                    for t, turn in enumerate(ep.turns)
+                ]
                 weights = self.token_weights(buffer, [s for s, _ in batches])
-                if self.dist is not None:  # data parallel: this replica's rows; the weights keep the whole step's normalizer
+                if (
+                    self.dist is not None
+                ):  # data parallel: this replica's rows; the weights keep the whole step's normalizer
                     batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
                 data[agent.index] = (batches, weights, {})
             per_iteration: list[dict[int, dict[str, float]]] = []
@@ -388,8 +488,12 @@ class MultiAgentTrainer:
                 per_iteration.append({i: dict(sums[i], grad_norm=norms[i]) for i in sums})
             for agent in group:
                 pre = f"agent/{agent.index}/"
-                metrics.update({pre + "policy/" + k: v for k, v in iteration_metrics(
-                    [m[agent.index] for m in per_iteration]).items()})
+                metrics.update(
+                    {
+                        pre + "policy/" + k: v
+                        for k, v in iteration_metrics([m[agent.index] for m in per_iteration]).items()
+                    }
+                )
                 metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
         # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
         # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
@@ -416,7 +520,7 @@ class MultiAgentTrainer:
 
     def _update_groups(self) -> list[list[Agent]]:
         """Agents whose losses run in one forward: with ``team_lora_forward``, up to that many agents of a LoRA team on
-        one base in bf16, routed row by row (:func:`comlrl.rollout.team_completion_logprobs`); every other agent
+        one base in bf16, routed row by row (:func:`comlrl.engine.logprobs.team_completion_logprobs`); every other agent
         alone. In agent order."""
         size = self.args.team_lora_forward
         size = (len(self.agents) if size else 1) if isinstance(size, bool) else size
@@ -432,8 +536,9 @@ class MultiAgentTrainer:
                 out.extend([a] for a in group)
         return sorted(out, key=lambda g: g[0].index)
 
-    def _accumulate_agent(self, agent: Agent, batches: list, weights: list[torch.Tensor],
-                          cache: dict, iteration: int) -> dict[str, float]:
+    def _accumulate_agent(
+        self, agent: Agent, batches: list, weights: list[torch.Tensor], cache: dict, iteration: int
+    ) -> dict[str, float]:
         """Forward/backward over every chunk of an agent's samples; returns weighted metric sums."""
         if not agent.model.training:  # a full .train() walks every module (~30 ms for a PEFT team)
             agent.model.train()
@@ -445,8 +550,18 @@ class MultiAgentTrainer:
                 tensors = self._chunk_tensors(batches[b][0], sl)
                 with self.autocast():
                     logp = completion_logprobs(agent.model, *tensors, temperature=self.args.temperature)
-                self._chunk_loss(agent, logp, tensors, batches[b][1][sl], weights[b][sl],
-                                 self._rollout_logp(batches[b][0], sl), cache, (b, lo), iteration, sums).backward()
+                self._chunk_loss(
+                    agent,
+                    logp,
+                    tensors,
+                    batches[b][1][sl],
+                    weights[b][sl],
+                    self._rollout_logp(batches[b][0], sl),
+                    cache,
+                    (b, lo),
+                    iteration,
+                    sums,
+                ).backward()
             return sums
 
     def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
@@ -463,10 +578,21 @@ class MultiAgentTrainer:
                 parts = [self._chunk_tensors(data[a.index][0][b][0], sl) for a in group]
                 with self.autocast():
                     logps = team_completion_logprobs(model, [a.adapter for a in group], parts, self.args.temperature)
-                total = sum(self._chunk_loss(a, logp, tensors, data[a.index][0][b][1][sl], data[a.index][1][b][sl],
-                                             self._rollout_logp(data[a.index][0][b][0], sl), data[a.index][2], (b, lo),
-                                             iteration, sums[a.index])
-                            for a, logp, tensors in zip(group, logps, parts))
+                total = sum(
+                    self._chunk_loss(
+                        a,
+                        logp,
+                        tensors,
+                        data[a.index][0][b][1][sl],
+                        data[a.index][1][b][sl],
+                        self._rollout_logp(data[a.index][0][b][0], sl),
+                        data[a.index][2],
+                        (b, lo),
+                        iteration,
+                        sums[a.index],
+                    )
+                    for a, logp, tensors in zip(group, logps, parts)
+                )
                 total.backward()
         return sums
 
@@ -479,8 +605,10 @@ class MultiAgentTrainer:
                 yield b, lo, slice(lo, lo + (chunk or rows))
 
     def _chunk_tensors(self, samples: Any, sl: slice) -> list[torch.Tensor]:
-        return [x[sl].to(self.device) for x in (samples.prompt_ids, samples.prompt_mask, samples.completion_ids,
-                                                 samples.completion_mask)]
+        return [
+            x[sl].to(self.device)
+            for x in (samples.prompt_ids, samples.prompt_mask, samples.completion_ids, samples.completion_mask)
+        ]
 
     def _rollout_logp(self, samples: Any, sl: slice) -> torch.Tensor | None:
         """The chunk's rollout log-probs when the loss corrects for the rollout's policy (``rollout_correction``)."""
@@ -490,16 +618,36 @@ class MultiAgentTrainer:
             raise RuntimeError("rollout_correction is on but the rollout recorded no log-probs")
         return samples.rollout_logprobs[sl].to(self.device)
 
-    def _chunk_loss(self, agent: Agent, logp: torch.Tensor, tensors: list[torch.Tensor], adv: torch.Tensor,
-                    weights: torch.Tensor, rollout_logp: torch.Tensor | None, cache: dict, key: tuple[int, int],
-                    iteration: int, sums: dict[str, float]) -> torch.Tensor:
+    def _chunk_loss(
+        self,
+        agent: Agent,
+        logp: torch.Tensor,
+        tensors: list[torch.Tensor],
+        adv: torch.Tensor,
+        weights: torch.Tensor,
+        rollout_logp: torch.Tensor | None,
+        cache: dict,
+        key: tuple[int, int],
+        iteration: int,
+        sums: dict[str, float],
+    ) -> torch.Tensor:
         """An agent's policy loss on one chunk (its metrics added to ``sums``); ``rollout_logp``: the log-probs the
-        tokens were sampled with, when they are corrected for (see :func:`comlrl.losses.policy_loss`)."""
+        tokens were sampled with, when they are corrected for (see :func:`comlrl.algorithms.losses.policy_loss`)."""
         if iteration == 0:  # parameters are still those that sampled: old log-probs are free
             cache[key] = logp.detach()
         ref = self._ref_logprobs(agent, tensors, cache, key)
-        loss, m = policy_loss(logp, cache[key], adv.to(self.device), weights.to(self.device), self.args.epsilon, ref,
-                              self.args.beta, rollout_logp, self.args.rollout_is_cap, self.args.epsilon_high)
+        loss, m = policy_loss(
+            logp,
+            cache[key],
+            adv.to(self.device),
+            weights.to(self.device),
+            self.args.epsilon,
+            ref,
+            self.args.beta,
+            rollout_logp,
+            self.args.rollout_is_cap,
+            self.args.epsilon_high,
+        )
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         return loss
@@ -535,7 +683,9 @@ class MultiAgentTrainer:
             f"{prefix}reward/mean": float(first.mean()),
             f"{prefix}reward/std": float(first.std(unbiased=False)),
             f"{prefix}reward/max": float(first.max()),
-            f"{prefix}reward/frac_zero_std": float((first.std(dim=1, unbiased=False) < 1e-8).float().mean()) if first.shape[1] > 1 else 1.0,
+            f"{prefix}reward/frac_zero_std": float((first.std(dim=1, unbiased=False) < 1e-8).float().mean())
+            if first.shape[1] > 1
+            else 1.0,
         }
         if len(episode.turns) > 1:
             for t, turn in enumerate(episode.turns):
@@ -560,8 +710,16 @@ class MultiAgentTrainer:
 
     # ------------------------------------------------------------------ evaluation and saving
     @torch.no_grad()
-    def evaluate(self, eval_dataset: Any = None, do_sample: bool | None = None, num_generations: int | None = None,
-                 max_rows: int | None = None, batch_size: int | None = None, *, dataset: Any = None) -> dict[str, float]:
+    def evaluate(
+        self,
+        eval_dataset: Any = None,
+        do_sample: bool | None = None,
+        num_generations: int | None = None,
+        max_rows: int | None = None,
+        batch_size: int | None = None,
+        *,
+        dataset: Any = None,
+    ) -> dict[str, float]:
         """Team reward on ``eval_dataset`` (default: the trainer's eval_dataset), greedy unless eval_do_sample /
         ``do_sample`` says so, ``batch_size`` rows per rollout (default ``per_device_eval_batch_size``).
         ``dataset``: the former name of ``eval_dataset``."""
@@ -580,14 +738,27 @@ class MultiAgentTrainer:
         bar = tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False)
         for lo in bar:
             ids = list(range(lo, min(lo + batch_size, limit)))
-            ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset,
-                              seed=derive_seed(self.args.seed, "eval", self.state["step"], lo))
+            ep = self.rollout(
+                [dataset[i] for i in ids],
+                ids,
+                settings,
+                g,
+                self.eval_reward_func,
+                dataset,
+                seed=derive_seed(self.args.seed, "eval", self.state["step"], lo),
+            )
             episodes.append(ep)
             bar.set_postfix(reward=f"{float(torch.cat([e.turns[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}")
             first = ep.turns[0]
             for m, node in enumerate(first.nodes):
-                samples_out.append({"row": node.row_id, "prompts": node.prompts, "reward": float(first.rewards[m, 0]),
-                                    "completions": [first.samples[i].texts[m * g] for i in range(self.num_agents)]})
+                samples_out.append(
+                    {
+                        "row": node.row_id,
+                        "prompts": node.prompts,
+                        "reward": float(first.rewards[m, 0]),
+                        "completions": [first.samples[i].texts[m * g] for i in range(self.num_agents)],
+                    }
+                )
         self.last_eval_samples = samples_out
         return self._merge_evaluation(episodes)
 
@@ -595,7 +766,10 @@ class MultiAgentTrainer:
         per = [self.episode_metrics(ep, prefix="eval/") for ep in episodes]
         weights = [ep.turns[0].rewards.numel() for ep in episodes]
         keys = {k for m in per for k in m if not k.endswith("/std") and not k.endswith("/max")}
-        out = {k: sum(m[k] * w for m, w in zip(per, weights) if k in m) / sum(w for m, w in zip(per, weights) if k in m) for k in keys}
+        out = {
+            k: sum(m[k] * w for m, w in zip(per, weights) if k in m) / sum(w for m, w in zip(per, weights) if k in m)
+            for k in keys
+        }
         all_r = torch.cat([ep.turns[0].rewards.reshape(-1) for ep in episodes])
         out["eval/reward/std"] = float(all_r.std(unbiased=False))
         last = torch.cat([ep.turns[-1].rewards.reshape(-1) for ep in episodes])
@@ -623,8 +797,13 @@ class MultiAgentTrainer:
             paths.append(str(path))
         if self.dist is None or self.dist.is_main:
             root.mkdir(parents=True, exist_ok=True)
-            (root / "comlrl_config.json").write_text(json.dumps({"trainer": type(self).__name__, "num_agents": self.num_agents,
-                                                                 "args": self.args.to_dict()}, indent=2, default=str))
+            (root / "comlrl_config.json").write_text(
+                json.dumps(
+                    {"trainer": type(self).__name__, "num_agents": self.num_agents, "args": self.args.to_dict()},
+                    indent=2,
+                    default=str,
+                )
+            )
         return paths
 
 

@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 import torch
 
-from ..advantages import compute_advantages, cross_credit, joint_mode_name, tree_returns
+from ..algorithms.advantages import compute_advantages, cross_credit, joint_mode_name, tree_returns
 from ..config import suggest
+from ..engine.rewards import accepted_kwargs, compute_rewards
+from ..engine.rollout import GenerationRequest, GenerationSettings, Samples, generate_concurrently
+from ..engine.sampling import derive_seed
 from ..errors import TransitionError
-from ..rewards import accepted_kwargs, compute_rewards
-from ..rollout import GenerationRequest, GenerationSettings, Samples, generate_concurrently
-from ..sampling import derive_seed
 from .setup import Agent, apply_formatter
 
 
@@ -56,13 +56,15 @@ class Episode:
 
 def joint_indices(num_agents: int, g: int, mode: str) -> list[tuple[int, ...]]:
     """Sample index of each agent in each joint action of one node (``mode``: a name of
-    :data:`comlrl.advantages.JOINT_MODES`)."""
+    :data:`comlrl.algorithms.advantages.JOINT_MODES`)."""
     if joint_mode_name(mode) == "align":
         return [(k,) * num_agents for k in range(g)]
     return list(itertools.product(range(g), repeat=num_agents))
 
 
-def root_nodes(agents: list[Agent] | list[Callable], rows: list[dict], row_ids: list[int], columns: Any = None) -> list[Node]:
+def root_nodes(
+    agents: list[Agent] | list[Callable], rows: list[dict], row_ids: list[int], columns: Any = None
+) -> list[Node]:
     """Initial nodes: each agent's formatted prompt for each row (``agents``: the team, or every agent's formatter)."""
     fmts = [a.formatter if isinstance(a, Agent) else a for a in agents]
     nodes = []
@@ -104,11 +106,23 @@ def run_episode(
     timings = {"generate": 0.0, "reward": 0.0, "transition": 0.0}
     for t in range(num_turns):
         start = time.perf_counter()
-        samples = generate_fn(agents, nodes, g, settings, autocast_dtype, seed=None if seed is None else derive_seed(seed, t))
+        samples = generate_fn(
+            agents, nodes, g, settings, autocast_dtype, seed=None if seed is None else derive_seed(seed, t)
+        )
         timings["generate"] += time.perf_counter() - start
         rewards, levels, children, next_nodes, spent = run_once(
-            score_turn, nodes, samples, t, reward_func, g, joint_mode, num_turns, external_transition,
-            termination_threshold, reward_processor)
+            score_turn,
+            nodes,
+            samples,
+            t,
+            reward_func,
+            g,
+            joint_mode,
+            num_turns,
+            external_transition,
+            termination_threshold,
+            reward_processor,
+        )
         for k, v in spent.items():
             timings[k] += v
         turns.append(Turn(nodes, samples, rewards, children, levels))
@@ -118,9 +132,18 @@ def run_episode(
     return Episode(turns, timings)
 
 
-def score_turn(nodes: list[Node], samples: list[Samples], t: int, reward_func: Callable, g: int, joint_mode: str,
-               num_turns: int, external_transition: Callable | None, termination_threshold: float | None,
-               reward_processor: Callable | None) -> tuple[torch.Tensor, list, torch.Tensor, list[Node], dict]:
+def score_turn(
+    nodes: list[Node],
+    samples: list[Samples],
+    t: int,
+    reward_func: Callable,
+    g: int,
+    joint_mode: str,
+    num_turns: int,
+    external_transition: Callable | None,
+    termination_threshold: float | None,
+    reward_processor: Callable | None,
+) -> tuple[torch.Tensor, list, torch.Tensor, list[Node], dict]:
     """Team rewards of turn t's joint actions and the child nodes: (rewards, levels, children, next nodes, timings)."""
     n = len(samples)  # agents
     combos = joint_indices(n, g, joint_mode)
@@ -129,8 +152,15 @@ def score_turn(nodes: list[Node], samples: list[Samples], t: int, reward_func: C
     prompts = [[nd.prompts[i] for nd in nodes for _ in combos] for i in range(n)]
     items = [nd.row for nd in nodes for _ in combos]
     ids = [nd.row_id for nd in nodes for _ in combos]
-    flat, levels = compute_rewards(reward_func, completions, prompts=prompts, batch_items=items, row_ids=ids,
-                                   turn=t + 1, processor=reward_processor)
+    flat, levels = compute_rewards(
+        reward_func,
+        completions,
+        prompts=prompts,
+        batch_items=items,
+        row_ids=ids,
+        turn=t + 1,
+        processor=reward_processor,
+    )
     rewards = torch.tensor(flat, dtype=torch.float32).view(len(nodes), len(combos))
     timings = {"reward": time.perf_counter() - start, "transition": 0.0}
     children = torch.full((len(nodes), len(combos)), -1, dtype=torch.long)
@@ -148,10 +178,17 @@ def score_turn(nodes: list[Node], samples: list[Samples], t: int, reward_func: C
     return rewards, levels, children, next_nodes, timings
 
 
-def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: GenerationSettings,
-                  autocast_dtype: torch.dtype | None = None, seed: int | None = None, row_offset: int = 0) -> list[Samples]:
+def generate_team(
+    agents: list[Agent],
+    nodes: list[Node],
+    g: int,
+    settings: GenerationSettings,
+    autocast_dtype: torch.dtype | None = None,
+    seed: int | None = None,
+    row_offset: int = 0,
+) -> list[Samples]:
     """Each agent's samples for the nodes' prompts: one generate call per distinct model, the models decoding at
-    once on CPU (:func:`comlrl.rollout.generate_concurrently`).
+    once on CPU (:func:`comlrl.engine.rollout.generate_concurrently`).
 
     Agents sharing a LoRA base are generated together, each row routed through its agent's adapter.
     ``seed``: per-row sampling key of this turn; row k (node k // g, sample k % g) of agent i samples from
@@ -166,9 +203,16 @@ def generate_team(agents: list[Agent], nodes: list[Node], g: int, settings: Gene
         prompts = [nd.prompts[a.index] for a in group for nd in nodes]
         chats = [a.chat for a in group for _ in nodes]
         adapters = [a.adapter for a in group for _ in nodes] if group[0].adapter is not None else None
-        seeds = None if seed is None else [derive_seed(seed, a.index, row_offset + k) for a in group for k in range(len(nodes) * g)]
-        requests.append(GenerationRequest(group[0].model, group[0].tokenizer, prompts, g, settings, chats,
-                                          autocast_dtype, adapters, seeds))
+        seeds = (
+            None
+            if seed is None
+            else [derive_seed(seed, a.index, row_offset + k) for a in group for k in range(len(nodes) * g)]
+        )
+        requests.append(
+            GenerationRequest(
+                group[0].model, group[0].tokenizer, prompts, g, settings, chats, autocast_dtype, adapters, seeds
+            )
+        )
     for group, s in zip(by_model.values(), generate_concurrently(requests)):
         rows = len(nodes) * g
         for k, a in enumerate(group):
@@ -185,8 +229,16 @@ def own_width(s: Samples) -> Samples:
     return s.select(slice(None), slice(first, None), slice(None, last))
 
 
-TRANSITION_KWARGS = ("prompt", "prompts", "agent_completions", "num_agents", "prompt_history_per_agent",
-                     "response_history_per_agent", "batch_item", "turn")
+TRANSITION_KWARGS = (
+    "prompt",
+    "prompts",
+    "agent_completions",
+    "num_agents",
+    "prompt_history_per_agent",
+    "response_history_per_agent",
+    "batch_item",
+    "turn",
+)
 TRANSITION_EXAMPLE = (
     "def external_transition(prompts, agent_completions, **kwargs):\n"
     "    return [f'{p}\\n\\nYour previous answer:\\n{c}\\n\\nImprove it.' for p, c in zip(prompts, agent_completions)]"
@@ -201,8 +253,11 @@ def check_transition(fn: Callable) -> None:
     except (TypeError, ValueError):  # some builtins and C callables: nothing to check
         return
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    missing = [p for p in signature.parameters.values() if p.default is p.empty and (
-        p.kind is p.POSITIONAL_ONLY or p.kind in named and p.name not in TRANSITION_KWARGS)]
+    missing = [
+        p
+        for p in signature.parameters.values()
+        if p.default is p.empty and (p.kind is p.POSITIONAL_ONLY or p.kind in named and p.name not in TRANSITION_KWARGS)
+    ]
     if missing:
         hints = "".join(suggest(p.name, list(TRANSITION_KWARGS)) for p in missing if p.kind is not p.POSITIONAL_ONLY)
         raise TransitionError(
@@ -240,15 +295,27 @@ def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -
     n = len(answers)
     resp_hist = [h + [a] for h, a in zip(node.response_history, answers)]
     candidates = {
-        "prompt": node.prompts[0], "prompts": list(node.prompts), "agent_completions": list(answers), "num_agents": n,
+        "prompt": node.prompts[0],
+        "prompts": list(node.prompts),
+        "agent_completions": list(answers),
+        "num_agents": n,
         "prompt_history_per_agent": [list(h) for h in node.prompt_history],
-        "response_history_per_agent": [list(h) for h in resp_hist], "batch_item": node.row, "turn": turn,
+        "response_history_per_agent": [list(h) for h in resp_hist],
+        "batch_item": node.row,
+        "turn": turn,
     }
     try:
         out = fn(**accepted_kwargs(fn, candidates))
     except Exception as exc:
-        raise TransitionError(f"external_transition raised {type(exc).__name__} at turn {turn}, dataset row {node.row_id}: {exc}") from exc
-    if isinstance(out, str) or not isinstance(out, (list, tuple)) or len(out) != n or not all(isinstance(p, str) for p in out):
+        raise TransitionError(
+            f"external_transition raised {type(exc).__name__} at turn {turn}, dataset row {node.row_id}: {exc}"
+        ) from exc
+    if (
+        isinstance(out, str)
+        or not isinstance(out, (list, tuple))
+        or len(out) != n
+        or not all(isinstance(p, str) for p in out)
+    ):
         raise TransitionError(
             f"external_transition must return {n} prompt strings (one per agent); got {out!r:.200} at turn {turn}, "
             f"dataset row {node.row_id}."
@@ -257,15 +324,23 @@ def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -
 
 
 def episode_advantages(
-    episode: Episode, num_agents: int, num_generations: int, *, joint_mode: str = "align", mode: str = "mean",
-    scale: str = "none", discount: float = 1.0, reward_clip: float | None = None,
+    episode: Episode,
+    num_agents: int,
+    num_generations: int,
+    *,
+    joint_mode: str = "align",
+    mode: str = "mean",
+    scale: str = "none",
+    discount: float = 1.0,
+    reward_clip: float | None = None,
 ) -> list[list[torch.Tensor]]:
     """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples."""
     rewards = [t.rewards if reward_clip is None else t.rewards.clamp(-reward_clip, reward_clip) for t in episode.turns]
     returns = tree_returns(rewards, [t.children for t in episode.turns], discount)  # (M_t, J) per turn
     if joint_mode_name(joint_mode) == "cross":  # a sample's credit: the mean return of the joint actions with it
         joint = [r.view(r.shape[0], *([num_generations] * num_agents)) for r in returns]  # (M_t, G, ..., G)
-        return [[compute_advantages(cross_credit(j, i), mode, scale).reshape(-1) for j in joint]
-                for i in range(num_agents)]
+        return [
+            [compute_advantages(cross_credit(j, i), mode, scale).reshape(-1) for j in joint] for i in range(num_agents)
+        ]
     per_turn = [compute_advantages(r, mode, scale).reshape(-1) for r in returns]
     return [per_turn for _ in range(num_agents)]

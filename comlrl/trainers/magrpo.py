@@ -47,5 +47,15 @@ class MAReMaxTrainer(MultiAgentTrainer):
 MAREMAXTrainer = MAReMaxTrainer
 MAREMAXConfig = MAReMaxConfig
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig",
-           "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer", "MAREMAXConfig", "MAREMAXTrainer"]
+__all__ = [
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "MAREINFORCEConfig",
+    "MAREINFORCETrainer",
+    "MARLOOConfig",
+    "MARLOOTrainer",
+    "MAReMaxConfig",
+    "MAReMaxTrainer",
+    "MAREMAXConfig",
+    "MAREMAXTrainer",
+]

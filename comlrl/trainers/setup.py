@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
+from ..engine.models import copy_model, load_model, load_tokenizer, mark_shared
 from ..errors import ConfigError, FormatterError
-from ..models import check_vocab, copy_model, load_model, load_tokenizer, mark_shared
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +38,6 @@ class Agent:
         return f"agent_{self.index}"
 
 
-def set_seed(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda if available else cpu; anything else is passed to torch.device."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, formatters: Any) -> list:
     """One model source per agent, checking that every count given agrees."""
     if model is not None and agents is not None:
@@ -79,7 +62,10 @@ def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, fo
 def source_groups(sources: list) -> list[int]:
     """Group id per agent: agents whose model source is the same (same string or same object) share an id."""
     keys: dict[Any, int] = {}
-    return [keys.setdefault(("obj", id(s)) if isinstance(s, PreTrainedModel) else ("str", str(s)), len(keys)) for s in sources]
+    return [
+        keys.setdefault(("obj", id(s)) if isinstance(s, PreTrainedModel) else ("str", str(s)), len(keys))
+        for s in sources
+    ]
 
 
 def build_models(sources: list, share: bool = False, dtype: Any = None) -> list[PreTrainedModel]:
@@ -95,7 +81,9 @@ def build_models(sources: list, share: bool = False, dtype: Any = None) -> list[
     return models
 
 
-def build_tokenizers(tokenizer: Any, sources: list, indices: Sequence[int] | None = None) -> list[PreTrainedTokenizerBase]:
+def build_tokenizers(
+    tokenizer: Any, sources: list, indices: Sequence[int] | None = None
+) -> list[PreTrainedTokenizerBase]:
     """One tokenizer per agent: the one given, one per agent given, or loaded from each model source.
 
     ``indices``: only these agents' tokenizers (the agents of this process under torchrun); default all.
@@ -135,13 +123,16 @@ def apply_formatter(fmt: Formatter, row: dict, agent: int, row_id: int, columns:
     except KeyError as exc:
         cols = list(columns) if columns is not None else list(row.keys()) if hasattr(row, "keys") else []
         raise FormatterError(
-            f"formatter of agent {agent} needs column {exc} which dataset row {row_id} does not have "
-            f"(columns: {cols})."
+            f"formatter of agent {agent} needs column {exc} which dataset row {row_id} does not have (columns: {cols})."
         ) from exc
     except Exception as exc:
-        raise FormatterError(f"formatter of agent {agent} raised {type(exc).__name__} on dataset row {row_id}: {exc}") from exc
+        raise FormatterError(
+            f"formatter of agent {agent} raised {type(exc).__name__} on dataset row {row_id}: {exc}"
+        ) from exc
     if not isinstance(text, str):
-        raise FormatterError(f"formatter of agent {agent} returned {type(text).__name__} on dataset row {row_id}; it must return a str.")
+        raise FormatterError(
+            f"formatter of agent {agent} returned {type(text).__name__} on dataset row {row_id}; it must return a str."
+        )
     return text
 
 
@@ -151,7 +142,12 @@ def check_batch_size(dataset_len: int, batch_size: int, name: str = "train_datas
     if 0 < dataset_len < batch_size:
         log.warning(
             "per_device_train_batch_size=%d is larger than %s (%d rows): each step uses only those %d rows. Set "
-            "per_device_train_batch_size <= %d, or add rows.", batch_size, name, dataset_len, dataset_len, dataset_len,
+            "per_device_train_batch_size <= %d, or add rows.",
+            batch_size,
+            name,
+            dataset_len,
+            dataset_len,
+            dataset_len,
         )
 
 
@@ -169,10 +165,18 @@ def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> t
     """AdamW over an agent's trainable parameters, and the LR schedule over ``total_updates`` optimizer steps."""
     if not params:
         raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
-    opt = torch.optim.AdamW(params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                            weight_decay=args.weight_decay, fused=_fused_ok(params) or None)
+    opt = torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+        fused=_fused_ok(params) or None,
+    )
     warmup = args.warmup_steps or int(math.ceil(args.warmup_ratio * total_updates))
-    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=warmup, num_training_steps=max(total_updates, 1))
+    sched = get_scheduler(
+        args.lr_scheduler_type, opt, num_warmup_steps=warmup, num_training_steps=max(total_updates, 1)
+    )
     return opt, sched
 
 
@@ -183,70 +187,8 @@ def _fused_ok(params: list) -> bool:
     temporaries (measured on 2 CPU cores for 135M fp32 parameters: 0.10 s vs 0.43 s per step, 0.5 GB less peak).
     """
     devices = {p.device for p in params}
-    return (len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
-            and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params))
-
-
-def _libc(name: str) -> Callable[..., int] | None:
-    try:
-        import ctypes
-
-        return getattr(ctypes.CDLL("libc.so.6"), name)
-    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
-        return None
-
-
-_MALLOC_TRIM, _MALLOPT = _libc("malloc_trim"), _libc("mallopt")
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-
-
-def limit_heap_fragmentation(threshold_kb: int | None) -> bool:
-    """Serve host allocations of at least ``threshold_kb`` KiB from their own mappings (glibc only; None: no-op).
-    Returns whether the setting was applied. Process-wide, and it stays for the process's lifetime.
-
-    Why: with glibc's default (a threshold that grows to 32 MB), the MB-sized activations freed during backward
-    stay resident in the heap while the gradients are allocated beside them. Measured on a 2-agent SmolLM2-135M
-    fp32 full fine-tune, 256 KiB: peak RSS 4.47 -> 4.05 GB; the loss time per step 4.3 -> 6.3 s (every large
-    allocation faults its pages in afresh), so it is a memory-for-time trade, off by default.
-    """
-    if threshold_kb is None or _MALLOPT is None:
-        return False
-    return bool(_MALLOPT(_M_MMAP_THRESHOLD, int(threshold_kb) * 1024))
-
-
-def release_freed_memory() -> None:
-    """Hand memory that Python/torch freed back to the OS (glibc only; a no-op elsewhere).
-
-    Why: glibc keeps freed heap pages of the gradients and activations of a step mapped, so a full fine-tune's
-    resident set stayed ~0.6 GB above its live tensors between steps (measured, SmolLM2-135M x 2 agents, CPU).
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def default_bf16(device: torch.device) -> bool:
-    """The value of ``bf16=None``: ``$COMLRL_BF16`` ('1' / '0') when set, else :func:`native_bf16`."""
-    forced = os.environ.get("COMLRL_BF16", "").strip()
-    if forced:
-        if forced not in ("0", "1"):
-            raise ConfigError(f"COMLRL_BF16={forced!r}: must be '1' or '0' (or unset to detect).")
-        return forced == "1"
-    return native_bf16(device)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes bfloat16 natively: a CUDA device with bf16 support, or a CPU with AVX512-BF16 or
-    AMX (elsewhere bf16 is emulated, slower than fp32)."""
-    if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
-    return False
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Set the probability of every dropout layer of ``model`` to 0."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    return (
+        len(devices) == 1
+        and next(iter(devices)).type in ("cpu", "cuda")
+        and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
+    )

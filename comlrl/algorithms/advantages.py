@@ -69,7 +69,11 @@ def compute_advantages(
         raise ValueError(f"returns must have shape (num_groups, G), got {tuple(returns.shape)}")
     adv = returns - BASELINES[mode](returns)
     if scale == "group":
-        std = returns.std(dim=-1, keepdim=True, unbiased=False) if returns.shape[-1] > 1 else torch.ones_like(returns[:, :1])
+        std = (
+            returns.std(dim=-1, keepdim=True, unbiased=False)
+            if returns.shape[-1] > 1
+            else torch.ones_like(returns[:, :1])
+        )
         adv = adv / (std + eps)
     elif scale == "batch":
         std = returns.std(unbiased=False) if returns.numel() > 1 else torch.ones(())
@@ -99,9 +103,7 @@ def cross_credit(joint_returns: torch.Tensor, agent: int) -> torch.Tensor:
     return joint_returns.mean(dim=other) if other else joint_returns
 
 
-def tree_returns(
-    rewards: list[torch.Tensor], children: list[torch.Tensor], discount: float
-) -> list[torch.Tensor]:
+def tree_returns(rewards: list[torch.Tensor], children: list[torch.Tensor], discount: float) -> list[torch.Tensor]:
     """Returns over a multi-turn rollout tree: R = r + discount * mean(R of the child node's joint actions).
 
     rewards[t]: (M_t, G) rewards of the G joint actions at each of the M_t nodes of turn t.

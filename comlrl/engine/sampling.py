@@ -24,7 +24,7 @@ import torch
 from transformers import LogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .fastgen import inverse_cdf_pick
+from ..accel.fastgen import inverse_cdf_pick
 
 
 def derive_seed(*parts: object) -> int:
@@ -74,8 +74,14 @@ class RowSeededSampler(LogitsProcessor):
     ``tokens = sampler(None, logits).argmax(-1)`` once per step (the warpers do not read ``input_ids``).
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.generators = row_generators(seeds, device)
         self.warpers: list[LogitsProcessor] = []
         if temperature != 1.0:

@@ -21,8 +21,9 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def pad_tokens(ids: torch.Tensor, mask: torch.Tensor, left: bool, multiple: int = TOKENS, pad_id: int = 0,
-               width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_tokens(
+    ids: torch.Tensor, mask: torch.Tensor, left: bool, multiple: int = TOKENS, pad_id: int = 0, width: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of (B, T) widened to (B, round_up(max(T, width), multiple)) with masked ``pad_id`` columns on the
     left (``left``: prompts) or the right (completions)."""
     extra = round_up(max(ids.shape[1], width), multiple) - ids.shape[1]

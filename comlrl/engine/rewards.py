@@ -24,7 +24,7 @@ import math
 import numbers
 from typing import Any, Callable, Sequence
 
-from .errors import RewardError
+from ..errors import RewardError
 
 
 def batched_reward(fn: Callable) -> Callable:
@@ -92,12 +92,23 @@ def compute_rewards(
     extras = {"prompts": prompts, "batch_items": batch_items, "turn": turn}
     kwargs = accepted_kwargs(reward_func, extras)
     if getattr(reward_func, "batched", False):
-        raw, levels = _call(reward_func, agent_completions, kwargs, n, f"reward_func (turn {turn}, rows {sorted(set(row_ids))})")
+        raw, levels = _call(
+            reward_func, agent_completions, kwargs, n, f"reward_func (turn {turn}, rows {sorted(set(row_ids))})"
+        )
     else:
         raw, levels = [], []
         for j in range(n):
-            kw = {k: ([[p[j]] for p in v] if k == "prompts" else [v[j]] if k == "batch_items" else v) for k, v in kwargs.items()}
-            r, lv = _call(reward_func, [[c[j]] for c in agent_completions], kw, 1, f"reward_func (joint action {j}, dataset row {row_ids[j]}, turn {turn})")
+            kw = {
+                k: ([[p[j]] for p in v] if k == "prompts" else [v[j]] if k == "batch_items" else v)
+                for k, v in kwargs.items()
+            }
+            r, lv = _call(
+                reward_func,
+                [[c[j]] for c in agent_completions],
+                kw,
+                1,
+                f"reward_func (joint action {j}, dataset row {row_ids[j]}, turn {turn})",
+            )
             raw += r
             levels += lv
     rewards = []

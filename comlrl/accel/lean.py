@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import is_checkpointing, unwrap_peft
+from .modules import is_checkpointing, unwrap_peft
 
 # model_type -> (modeling module, RMSNorm class, MLP class): classes whose forwards are the eager ops replaced here
 _FAMILIES = {
@@ -93,15 +93,17 @@ class _Rotary(torch.autograd.Function):
         return (grad * cos - _rotate_half(grad * sin)).to(ctx.x_dtype), None, None
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of q and k (HF's ``apply_rotary_pos_emb``), saving only cos and sin."""
     cos, sin = cos.unsqueeze(unsqueeze_dim).detach(), sin.unsqueeze(unsqueeze_dim).detach()
     return _Rotary.apply(q, cos, sin), _Rotary.apply(k, cos, sin)
 
 
-def _silu_grads(gate: torch.Tensor, up: torch.Tensor, grad_product: torch.Tensor,
-                silu_gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _silu_grads(
+    gate: torch.Tensor, up: torch.Tensor, grad_product: torch.Tensor, silu_gate: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """d/d gate and d/d up of silu(gate) * up, given d/d product (and silu(gate) if already computed)."""
     grad_product = grad_product.to(gate.dtype)
     silu_gate = F.silu(gate) if silu_gate is None else silu_gate
@@ -126,8 +128,9 @@ class _SwiGLULinear(torch.autograd.Function):
     """F.linear(silu(gate) * up, weight, bias) in ``dtype``; saves gate and up, recomputes the product in backward."""
 
     @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                dtype: torch.dtype) -> torch.Tensor:
+    def forward(
+        ctx, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor:
         product = F.silu(gate) * up
         out = F.linear(product.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
         ctx.save_for_backward(gate, up, weight)
@@ -173,14 +176,21 @@ def lean_layers(model: nn.Module) -> Iterator[None]:
     inner = unwrap_peft(model)
     config = getattr(inner, "config", None)
     family = _FAMILIES.get(getattr(config, "model_type", None))
-    if (family is None or not torch.is_grad_enabled() or is_checkpointing(inner)
-            or getattr(config, "hidden_act", None) != "silu"):
+    if (
+        family is None
+        or not torch.is_grad_enabled()
+        or is_checkpointing(inner)
+        or getattr(config, "hidden_act", None) != "silu"
+    ):
         yield
         return
     module = importlib.import_module(family[0])
     norm_cls, mlp_cls = getattr(module, family[1]), getattr(module, family[2])
-    saved = [(norm_cls, "forward", norm_cls.forward), (mlp_cls, "forward", mlp_cls.forward),
-             (module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)]
+    saved = [
+        (norm_cls, "forward", norm_cls.forward),
+        (mlp_cls, "forward", mlp_cls.forward),
+        (module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb),
+    ]
     norm_cls.forward, mlp_cls.forward = _norm_forward, _mlp_forward
     module.apply_rotary_pos_emb = apply_rotary
     try:

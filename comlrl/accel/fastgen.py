@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .lean import rms_norm_values
-from .models import model_device, unwrap_peft
+from .modules import model_device, unwrap_peft
 from .shapes import pad_tokens
 
 # Decoder-layer layouts _LlamaDecoder reproduces exactly: pre-norm RMSNorm, q/k/v/o projections (optional bias),
@@ -42,12 +42,25 @@ LLAMA_LAYOUTS = ("llama", "mistral", "qwen2")
 
 # Generation-config fields that make HF ``generate`` apply extra logits processors we do not reproduce.
 _EXTRA_PROCESSOR_FIELDS = {
-    "repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,),
-    "min_length": (None, 0), "min_new_tokens": (None, 0), "suppress_tokens": (None,),
-    "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
-    "sequence_bias": (None,), "encoder_repetition_penalty": (None, 1.0), "exponential_decay_length_penalty": (None,),
-    "min_p": (None,), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0),
-    "top_h": (None,), "renormalize_logits": (None, False), "watermarking_config": (None,),
+    "repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "sequence_bias": (None,),
+    "encoder_repetition_penalty": (None, 1.0),
+    "exponential_decay_length_penalty": (None,),
+    "min_p": (None,),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "top_h": (None,),
+    "renormalize_logits": (None, False),
+    "watermarking_config": (None,),
 }
 
 
@@ -136,7 +149,7 @@ def fast_generate(
     if max_new_tokens <= 0:
         ids = torch.empty((batch, 0), dtype=torch.long, device=device)
         return (ids, torch.empty((batch, 0), device=device)) if logprobs else ids
-    # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.shapes)
+    # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.accel.shapes)
     input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
     prompt_len = input_ids.shape[1]
     decoder = _make_decoder(model, batch, prompt_len + max_new_tokens, dtype, backend, adapter_names)
@@ -151,8 +164,18 @@ def fast_generate(
         seen = None
         if repetition_penalty != 1.0:  # (B, V): tokens of each row's real prompt
             seen = torch.zeros(logits.shape, device=device).scatter_add_(1, input_ids, attention_mask.float()) > 0
-        ids, logp = _decode_loop(decoder, logits, sample, max_new_tokens, eos_token_ids, pad_token_id, logprobs,
-                                 temperature, seen, repetition_penalty)
+        ids, logp = _decode_loop(
+            decoder,
+            logits,
+            sample,
+            max_new_tokens,
+            eos_token_ids,
+            pad_token_id,
+            logprobs,
+            temperature,
+            seen,
+            repetition_penalty,
+        )
         return (ids, logp) if logprobs else ids
     finally:
         if generic:
@@ -483,8 +506,9 @@ class _Routing:
     def mask(self, ranks: tuple[int, ...]) -> torch.Tensor:
         """(N, sum ranks) fp32 0/1: row n keeps the columns of its own adapter (ranks[j] columns for adapter j)."""
         if ranks not in self._masks:
-            cols = torch.repeat_interleave(torch.arange(len(ranks), device=self.rows.device),
-                                           torch.tensor(ranks, device=self.rows.device))  # (sum R,)
+            cols = torch.repeat_interleave(
+                torch.arange(len(ranks), device=self.rows.device), torch.tensor(ranks, device=self.rows.device)
+            )  # (sum R,)
             self._masks[ranks] = (self.rows[:, None] == cols[None, :]).float()
         return self._masks[ranks]
 
@@ -558,12 +582,22 @@ def _can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
     at batch 4 went 4.23 -> 3.41 s (median of 5 interleaved, the per-call fused copy included). fp32 results differ
     from ``F.linear`` in summation order only (~1e-7 relative).
     """
-    return (dtype in (torch.bfloat16, torch.float32) and device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        dtype in (torch.bfloat16, torch.float32)
+        and device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
-def _projections(mods: list[nn.Module], dtype: torch.dtype, adapter: str | None, pack_rows: int,
-                 routing: _Routing | None = None, output_layer: bool = False) -> list[_Linear]:
+def _projections(
+    mods: list[nn.Module],
+    dtype: torch.dtype,
+    adapter: str | None,
+    pack_rows: int,
+    routing: _Routing | None = None,
+    output_layer: bool = False,
+) -> list[_Linear]:
     """Projections that read the same input, in ``dtype``: fused into one when a copy is made anyway, prepacked for
     oneDNN when possible (``pack_rows``: the batch size to tune the packing for). ``routing``: add each row's own
     LoRA adapter on top of the base weights (``adapter`` is then ``BASE_ADAPTER``)."""
@@ -590,7 +624,7 @@ def _stacked_lora(mods: list[nn.Module], routing: _Routing) -> _LoRA | None:
                 raise _Unsupported("DoRA / LoRA bias")
             a, b = m.lora_A[name].weight, m.lora_B[name].weight  # (r, in), (out_k, r)
             block = b.new_zeros(a.shape[0], sum(outs))  # (r, sum out): zero outside projection k's outputs
-            block[:, sum(outs[:k]): sum(outs[: k + 1])] = (b * m.scaling[name]).T
+            block[:, sum(outs[:k]) : sum(outs[: k + 1])] = (b * m.scaling[name]).T
             a_parts.append(a)
             b_parts.append(block)
             rank += a.shape[0]
@@ -605,8 +639,9 @@ def _stacked_lora(mods: list[nn.Module], routing: _Routing) -> _LoRA | None:
 _SNAPSHOTS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, list[_Linear]]]" = weakref.WeakKeyDictionary()
 
 
-def _base_projections(mods: list[nn.Module], dtype: torch.dtype, adapter: str | None, pack_rows: int,
-                      output_layer: bool = False) -> list[_Linear]:
+def _base_projections(
+    mods: list[nn.Module], dtype: torch.dtype, adapter: str | None, pack_rows: int, output_layer: bool = False
+) -> list[_Linear]:
     """The projections' weights (LoRA deltas of ``adapter`` folded in) in ``dtype``, fused/prepacked as above
     (``output_layer``: the vocabulary projection)."""
     pairs = [_linear_weight(m, adapter) for m in mods]
@@ -614,8 +649,12 @@ def _base_projections(mods: list[nn.Module], dtype: torch.dtype, adapter: str | 
     frozen = all(w is o.weight and b is o.bias and not w.requires_grad for (w, b), o in zip(pairs, own))
     if pairs[0][0].dtype == dtype and not _can_prepack(dtype, pairs[0][0].device):
         return [_Linear(w, b) for w, b in pairs]  # the model's own tensors (or merged LoRA weights), no copy
-    if (dtype == torch.float32 and not output_layer and all(w.dtype == dtype for w, _ in pairs)
-            and sum(w.shape[0] for w, _ in pairs) >= pairs[0][0].shape[1]):
+    if (
+        dtype == torch.float32
+        and not output_layer
+        and all(w.dtype == dtype for w, _ in pairs)
+        and sum(w.shape[0] for w, _ in pairs) >= pairs[0][0].shape[1]
+    ):
         # fp32 projections with at least as many outputs as inputs (q/k/v, o, gate/up): the weights as they are, as
         # gemm's first operand. At decode rows (4, one thread) MKL streams them at 11-15 GB/s this way, about as fast
         # as oneDNN's packed copy (gate 0.64 vs 0.89 ms, q/k/v-sized 0.15 vs 0.13 ms), and no fp32 copy of them is
@@ -635,8 +674,9 @@ def _base_projections(mods: list[nn.Module], dtype: torch.dtype, adapter: str | 
     return linears
 
 
-def _copied_projections(pairs: list[tuple[torch.Tensor, torch.Tensor | None]], dtype: torch.dtype,
-                        pack_rows: int) -> list[_Linear]:
+def _copied_projections(
+    pairs: list[tuple[torch.Tensor, torch.Tensor | None]], dtype: torch.dtype, pack_rows: int
+) -> list[_Linear]:
     """One projection over the (weight, bias) pairs concatenated on the output dim, cast to ``dtype``."""
     if len(pairs) == 1:
         weight = pairs[0][0].to(dtype)
@@ -644,8 +684,9 @@ def _copied_projections(pairs: list[tuple[torch.Tensor, torch.Tensor | None]], d
         weight = _cat_cast([w for w, _ in pairs], dtype)  # (sum out, in)
     bias = None
     if any(b is not None for _, b in pairs):
-        bias = torch.cat([b.to(dtype) if b is not None else torch.zeros(w.shape[0], dtype=dtype, device=w.device)
-                          for w, b in pairs])
+        bias = torch.cat(
+            [b.to(dtype) if b is not None else torch.zeros(w.shape[0], dtype=dtype, device=w.device) for w, b in pairs]
+        )
     if _can_prepack(dtype, weight.device):
         return [_Linear(None, bias, torch.ops.mkldnn._reorder_linear_weight(weight, pack_rows))]
     return [_Linear(weight, bias)]
@@ -726,7 +767,12 @@ class _LlamaDecoder:
     """Llama-layout forward over a weight snapshot and a static KV cache; the whole batch advances in lockstep."""
 
     def __init__(
-        self, base: nn.Module, batch: int, max_len: int, dtype: torch.dtype | None, adapter: str | None = None,
+        self,
+        base: nn.Module,
+        batch: int,
+        max_len: int,
+        dtype: torch.dtype | None,
+        adapter: str | None = None,
         routed: list[str] | None = None,
     ) -> None:
         _check_llama_layout(base, max_len)
@@ -758,10 +804,14 @@ class _LlamaDecoder:
         attn, mlp = layer.self_attn, layer.mlp
         ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
         return _LayerWeights(
-            ln1=ln1.weight.to(self.dtype), ln1_eps=ln1.variance_epsilon,
-            qkv=_projections([attn.q_proj, attn.k_proj, attn.v_proj], self.dtype, self.adapter, self.batch, self.routing),
+            ln1=ln1.weight.to(self.dtype),
+            ln1_eps=ln1.variance_epsilon,
+            qkv=_projections(
+                [attn.q_proj, attn.k_proj, attn.v_proj], self.dtype, self.adapter, self.batch, self.routing
+            ),
             o=_projections([attn.o_proj], self.dtype, self.adapter, self.batch, self.routing),
-            ln2=ln2.weight.to(self.dtype), ln2_eps=ln2.variance_epsilon,
+            ln2=ln2.weight.to(self.dtype),
+            ln2_eps=ln2.variance_epsilon,
             gate_up=_projections([mlp.gate_proj, mlp.up_proj], self.dtype, self.adapter, self.batch, self.routing),
             down=_projections([mlp.down_proj], self.dtype, self.adapter, self.batch, self.routing),
             act=mlp.act_fn,
@@ -824,8 +874,15 @@ class _LlamaDecoder:
         return _linears(x, self.lm_head).float()  # (N, V)
 
     def _attention(
-        self, i: int, w: _LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-        start: int, rows: torch.Tensor | None,
+        self,
+        i: int,
+        w: _LayerWeights,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        bias: torch.Tensor,
+        start: int,
+        rows: torch.Tensor | None,
     ) -> torch.Tensor:
         """Self-attention of h (N, S, H) for layer i, writing its K/V into the cache; returns (N, S, H)."""
         n, seq, _ = h.shape

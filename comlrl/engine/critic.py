@@ -5,14 +5,13 @@ V(h) is read at the last token of the critic's input (left-padded batch, positio
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .rollout import left_pad, training_forward
-from .shapes import pad_tokens
+from ..accel.shapes import pad_tokens
+from .logprobs import training_forward
+from .rollout import left_pad
 
 
 class ValueModel(nn.Module):
@@ -28,15 +27,21 @@ class ValueModel(nn.Module):
         self.detach_backbone = detach_backbone
         hidden = backbone.get_input_embeddings().weight.shape[1]
         self.head = nn.Linear(hidden, 1)
-        nn.init.normal_(self.head.weight, std=1.0 / (hidden ** 0.5) * 0.1)
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden**0.5) * 0.1)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) left-padded ids and mask -> (B,) values."""
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         with torch.no_grad() if self.detach_backbone else training_forward(self.backbone):
-            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                output_hidden_states=True, logits_to_keep=1, use_cache=False)
+            out = self.backbone(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                output_hidden_states=True,
+                logits_to_keep=1,
+                use_cache=False,
+            )
         last = out.hidden_states[-1][:, -1, :]  # (B, H): the last position is the last real token (left padding)
         return self.head(last.float()).squeeze(-1)
 
@@ -47,9 +52,11 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
 
-def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_texts(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded (ids, mask) for critic inputs, keeping the last ``max_length`` tokens; the width is a multiple of
-    :data:`comlrl.shapes.TOKENS` (masked padding, see :mod:`comlrl.shapes`)."""
+    :data:`comlrl.accel.shapes.TOKENS` (masked padding, see :mod:`comlrl.accel.shapes`)."""
     seqs = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
     if max_length:
         seqs = [s[-max_length:] for s in seqs]
@@ -64,4 +71,6 @@ def joint_state_text(prompts: list[str]) -> str:
 
 def joint_action_text(prompts: list[str], answers: list[str]) -> str:
     """What a centralized Q critic reads: every agent's prompt, then every agent's answer."""
-    return joint_state_text(prompts) + "\n\n" + "\n\n".join(f"[Agent {i + 1} answer]\n{a}" for i, a in enumerate(answers))
+    return (
+        joint_state_text(prompts) + "\n\n" + "\n\n".join(f"[Agent {i + 1} answer]\n{a}" for i, a in enumerate(answers))
+    )

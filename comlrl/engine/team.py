@@ -35,8 +35,13 @@ def wrap_lora(model: PreTrainedModel, peft_config: Any, adapter: str = "default"
         return get_peft_model(model, peft_config, adapter_name=adapter)
 
 
-def build_lora_team(models: list[PreTrainedModel], groups: list[int], peft_config: Any,
-                    agents: list[int] | None = None, seeds: list[int] | None = None) -> list[tuple[Any, str]]:
+def build_lora_team(
+    models: list[PreTrainedModel],
+    groups: list[int],
+    peft_config: Any,
+    agents: list[int] | None = None,
+    seeds: list[int] | None = None,
+) -> list[tuple[Any, str]]:
     """Wrap models with LoRA adapters; agents with the same group id share one PeftModel.
 
     models[i]: agent i's base (agents of a group pass the same base); groups[i]: its sharing group.
@@ -117,8 +122,15 @@ class _LoRADelta(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, base_out: torch.Tensor, x: torch.Tensor, spans: tuple[tuple[int, int], ...],
-                scalings: tuple[float, ...], dtype: torch.dtype, *factors: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        base_out: torch.Tensor,
+        x: torch.Tensor,
+        spans: tuple[tuple[int, int], ...],
+        scalings: tuple[float, ...],
+        dtype: torch.dtype,
+        *factors: torch.Tensor,
+    ) -> torch.Tensor:
         per_row = x[:1].numel() // x.shape[-1] if x.shape[0] else 0  # tokens per first-dim row
         rows = [(lo * per_row, hi * per_row) for lo, hi in spans]
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (M, in)
@@ -172,16 +184,20 @@ def routed_adapters(blocks: list[tuple[str, int, int]]) -> Iterator[None]:
 
 def _fusable(layer: Any, name: str) -> bool:
     """Whether adapter ``name`` of a PEFT LoRA linear is a plain low-rank delta the fused op computes exactly."""
-    return (type(layer.base_layer) is torch.nn.Linear and name not in getattr(layer, "lora_variant", {})
-            and not layer.use_dora.get(name) and not getattr(layer, "lora_bias", {}).get(name)
-            and isinstance(layer.lora_dropout[name], torch.nn.Identity))
+    return (
+        type(layer.base_layer) is torch.nn.Linear
+        and name not in getattr(layer, "lora_variant", {})
+        and not layer.use_dora.get(name)
+        and not getattr(layer, "lora_bias", {}).get(name)
+        and isinstance(layer.lora_dropout[name], torch.nn.Identity)
+    )
 
 
 def can_route(model: torch.nn.Module, names: list[str]) -> bool:
     """Whether every LoRA layer of ``model`` can run :func:`routed_adapters` forwards for these adapters (plain
     LoRA linears, no dropout / DoRA / bias / variants, no merged adapters, no activation checkpointing)."""
     try:
-        from peft.tuners.lora.layer import LoraLayer, Linear
+        from peft.tuners.lora.layer import Linear, LoraLayer
     except ImportError:
         return False
     if is_checkpointing(model):
@@ -203,30 +219,59 @@ def _fused_lora_forward(original: Any) -> Any:
             return _routed_forward(self, x, routes, args, kwargs)
         names = list(self.active_adapters) if not self.disable_adapters and not self.merged else []
         name = names[0] if len(names) == 1 else None
-        if (name is None or name not in self.lora_A or kwargs.get("adapter_names") is not None or args
-                or not torch.is_autocast_enabled(device) or not _fusable(self, name)):
+        if (
+            name is None
+            or name not in self.lora_A
+            or kwargs.get("adapter_names") is not None
+            or args
+            or not torch.is_autocast_enabled(device)
+            or not _fusable(self, name)
+        ):
             return original(self, x, *args, **kwargs)
         result = self.base_layer(x, **kwargs)
-        return _LoRADelta.apply(result, x, ((0, x.shape[0]),), (self.scaling[name],), torch.get_autocast_dtype(device),
-                                self.lora_A[name].weight, self.lora_B[name].weight)
+        return _LoRADelta.apply(
+            result,
+            x,
+            ((0, x.shape[0]),),
+            (self.scaling[name],),
+            torch.get_autocast_dtype(device),
+            self.lora_A[name].weight,
+            self.lora_B[name].weight,
+        )
+
     return forward
 
 
-def _routed_forward(layer: Any, x: torch.Tensor, routes: tuple[tuple[str, int, int], ...], args: tuple,
-                    kwargs: dict) -> torch.Tensor:
+def _routed_forward(
+    layer: Any, x: torch.Tensor, routes: tuple[tuple[str, int, int], ...], args: tuple, kwargs: dict
+) -> torch.Tensor:
     """A LoRA linear's output with each block of rows through its own adapter (see :func:`routed_adapters`)."""
     device = x.device.type
     blocks = [(n, lo, hi) for n, lo, hi in routes if n in layer.lora_A]
-    if (args or kwargs.get("adapter_names") is not None or not torch.is_autocast_enabled(device) or layer.merged
-            or not all(_fusable(layer, n) for n, _, _ in blocks) or x.shape[0] != routes[-1][2]):
-        raise RuntimeError(f"routed LoRA forward: {type(layer).__name__} cannot route adapters {[r[0] for r in routes]} "
-                           f"over an input of shape {tuple(x.shape)} (autocast on? can_route(model)?)")
+    if (
+        args
+        or kwargs.get("adapter_names") is not None
+        or not torch.is_autocast_enabled(device)
+        or layer.merged
+        or not all(_fusable(layer, n) for n, _, _ in blocks)
+        or x.shape[0] != routes[-1][2]
+    ):
+        raise RuntimeError(
+            f"routed LoRA forward: {type(layer).__name__} cannot route adapters {[r[0] for r in routes]} "
+            f"over an input of shape {tuple(x.shape)} (autocast on? can_route(model)?)"
+        )
     result = layer.base_layer(x, **kwargs)
     if not blocks:
         return result
     factors = [w for n, _, _ in blocks for w in (layer.lora_A[n].weight, layer.lora_B[n].weight)]
-    return _LoRADelta.apply(result, x, tuple((lo, hi) for _, lo, hi in blocks),
-                            tuple(layer.scaling[n] for n, _, _ in blocks), torch.get_autocast_dtype(device), *factors)
+    return _LoRADelta.apply(
+        result,
+        x,
+        tuple((lo, hi) for _, lo, hi in blocks),
+        tuple(layer.scaling[n] for n, _, _ in blocks),
+        torch.get_autocast_dtype(device),
+        *factors,
+    )
 
 
 @contextlib.contextmanager
