@@ -6,6 +6,7 @@ Unknown fields fail at construction with the nearest valid name suggested.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -27,9 +28,10 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 ROLLOUT_DTYPES = (None, "float32", "bfloat16", "float16")
 
 
-def _help(default: Any, text: str, **kw: Any) -> Any:
+def help_field(default: Any, text: str, **kw: Any) -> Any:
+    """A dataclass field with ``default`` and its help text (a fresh copy of a list / dict default per instance)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": text, **kw})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": text, **kw})
     return field(default=default, metadata={"help": text, **kw})
 
 
@@ -127,122 +129,145 @@ def config_class(cls: type) -> type:
 class TrainConfig:
     """Settings shared by every comlrl trainer.
 
-    Groups: run (output_dir, seed, steps), optimisation (learning_rate ... max_grad_norm),
-    generation (num_generations ... top_k), multi-turn (num_turns, discount, ...), evaluation, logging.
+    Groups: run (output_dir, seed, steps), optimisation (learning_rate ... bf16), generation (num_generations ...
+    apply_chat_template), multi-turn, evaluation and logging, scale-out, and last the speed and memory knobs, which
+    change how fast and in how much memory the same math runs, not what is trained.
     """
 
     # --- run ---
-    output_dir: str = _help(
+    output_dir: str = help_field(
         "output",
         "Directory for checkpoints, metrics and final models. A directory that holds "
         "another run's metrics is refused unless overwrite_output_dir or resuming.",
     )
-    overwrite_output_dir: bool = _help(
+    overwrite_output_dir: bool = help_field(
         False, "Replace the metrics of a previous run in output_dir instead of refusing it."
     )
-    seed: int = _help(42, "Seed for python, numpy and torch; two runs with the same seed are identical on CPU.")
-    num_train_epochs: float = _help(1.0, "Passes over the training dataset (ignored when max_steps > 0).")
-    max_steps: int = _help(
+    seed: int = help_field(42, "Seed for python, numpy and torch; two runs with the same seed are identical on CPU.")
+    num_train_epochs: float = help_field(1.0, "Passes over the training dataset (ignored when max_steps > 0).")
+    max_steps: int = help_field(
         -1,
         "Optimizer steps of the run (TRL's global steps: each takes gradient_accumulation_steps rollouts); > 0 "
         "overrides num_train_epochs.",
     )
-    per_device_train_batch_size: int = _help(
+    per_device_train_batch_size: int = help_field(
         1,
         "Dataset rows (prompts) per rollout, per rank. Each row gets num_generations samples per agent. Under "
         "torchrun every rank of the job samples the same rows (ranks split agents and the rows' samples, not the "
         "dataset), so the global batch of one optimizer step is per_device_train_batch_size x "
         "gradient_accumulation_steps rows, whatever the number of ranks.",
     )
-    shuffle: bool = _help(True, "Shuffle the training rows each epoch (seeded).")
-    device: str = _help("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    shuffle: bool = help_field(True, "Shuffle the training rows each epoch (seeded).")
+    device: str = help_field("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     # --- optimisation ---
-    learning_rate: float = _help(1e-5, "AdamW learning rate for every agent.")
-    agent_learning_rate: float | None = _help(None, "comlrl name for learning_rate; must agree if both are set.")
-    weight_decay: float = _help(0.0, "AdamW weight decay.")
-    adam_beta1: float = _help(0.9, "AdamW beta1.")
-    adam_beta2: float = _help(0.999, "AdamW beta2.")
-    adam_epsilon: float = _help(1e-8, "AdamW epsilon.")
-    max_grad_norm: float = _help(1.0, "Clip each agent's gradient norm to this value (0 disables).")
-    lr_scheduler_type: str = _help("constant", f"One of {SCHEDULERS}.")
-    warmup_steps: int = _help(0, "Linear warmup optimizer steps (overrides warmup_ratio when > 0).")
-    warmup_ratio: float = _help(0.0, "Fraction of optimizer steps used for linear warmup.")
-    gradient_accumulation_steps: int = _help(1, "Rollouts whose losses are accumulated into one optimizer step.")
-    forward_batch_size: int | None = _help(
-        None, "Sequences per forward/backward chunk (bounds memory); None = all at once."
-    )
-    bf16: bool | None = _help(
+    learning_rate: float = help_field(1e-5, "AdamW learning rate for every agent.")
+    agent_learning_rate: float | None = help_field(None, "comlrl name for learning_rate; must agree if both are set.")
+    weight_decay: float = help_field(0.0, "AdamW weight decay.")
+    adam_beta1: float = help_field(0.9, "AdamW beta1.")
+    adam_beta2: float = help_field(0.999, "AdamW beta2.")
+    adam_epsilon: float = help_field(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = help_field(1.0, "Clip each agent's gradient norm to this value (0 disables).")
+    lr_scheduler_type: str = help_field("constant", f"One of {SCHEDULERS}.")
+    warmup_steps: int = help_field(0, "Linear warmup optimizer steps (overrides warmup_ratio when > 0).")
+    warmup_ratio: float = help_field(0.0, "Fraction of optimizer steps used for linear warmup.")
+    gradient_accumulation_steps: int = help_field(1, "Rollouts whose losses are accumulated into one optimizer step.")
+    bf16: bool | None = help_field(
         None,
         "Run forward passes and generation in bfloat16 (autocast; trained weights and optimizer states stay "
         "fp32). With peft_config the frozen base is stored in bf16; the adapters stay fp32. None (default, like "
         "TRL's bf16 default): on where the device computes bf16 natively (CUDA with bf16, CPUs with AVX512-BF16 or "
         "AMX), fp32 elsewhere; detected once per trainer and logged. False: exact fp32.",
     )
-    gradient_checkpointing: bool = _help(False, "Recompute activations in backward to save memory.")
-    malloc_mmap_threshold_kb: int | None = _help(
-        None,
-        "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
-        "freed, so freed activations do not stay resident. A 2-agent SmolLM2-135M fp32 full fine-tune at 256: peak "
-        "RSS 4.47 -> 4.05 GB, but the loss pass ~40% slower (page faults). None: leave malloc's settings alone.",
-    )
-    release_memory: bool = _help(
-        True,
-        "CPU, glibc: hand the heap pages freed by the rollout and by the update back to the OS before the next "
-        "phase (lower peak RSS, more page faults). Measured, issue-6 config: 2 x SmolLM2-135M fp32 with bf16 rollouts, "
-        "peak RSS 4.56 GB (4.99 without, time unchanged); a 2-agent LoRA team, 1.95 GB (2.02-2.05 without, the loss "
-        "~0.1 s per step faster).",
-    )
-    share_base: bool = _help(
-        True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
-    )
-    team_lora_forward: bool | int = _help(
-        2,
-        "With a shared LoRA base and bf16: how many agents' loss forward/backward run as one routed pass of the "
-        "base per micro-batch, each row through its own agent's adapter (same gradients as one pass per agent). 1 or "
-        "False: one pass per agent; True: the whole team. Trades memory for time: the activations of every agent in a "
-        "pass are live at once. SmolLM2-135M, issue-6 config, 2 agents in one pass: loss 1.43-1.47 -> 1.30-1.33 s per "
-        "step, peak RSS ~1.6 -> 1.95 GB; 4 agents in one pass: loss 2.9 -> 2.3 s, peak 1.7 -> 2.6 GB.",
-    )
     # --- generation ---
-    num_generations: int = _help(4, "Samples per agent per prompt (G); the group for the baseline.")
-    max_new_tokens: int = _help(128, "Maximum tokens generated per completion.")
-    max_completion_length: int | None = _help(None, "TRL name for max_new_tokens; must agree if both are set.")
-    max_prompt_length: int | None = _help(None, "Truncate prompts to their last N tokens (None = no truncation).")
-    temperature: float = _help(
+    num_generations: int = help_field(4, "Samples per agent per prompt (G); the group for the baseline.")
+    max_new_tokens: int = help_field(128, "Maximum tokens generated per completion.")
+    max_completion_length: int | None = help_field(None, "TRL name for max_new_tokens; must agree if both are set.")
+    max_prompt_length: int | None = help_field(None, "Truncate prompts to their last N tokens (None = no truncation).")
+    temperature: float = help_field(
         1.0,
         "Sampling temperature of training rollouts. The policy trained and scored (loss, ratio, KL, rollout "
         "log-probs) is softmax(logits / temperature), as in TRL.",
     )
-    top_p: float = _help(
+    top_p: float = help_field(
         1.0, "Nucleus sampling threshold (rollouts only: truncation is not part of the scored policy)."
     )
-    top_k: int = _help(0, "Top-k sampling, 0 disables (rollouts only: truncation is not part of the scored policy).")
-    repetition_penalty: float = _help(
+    top_k: int = help_field(
+        0, "Top-k sampling, 0 disables (rollouts only: truncation is not part of the scored policy)."
+    )
+    repetition_penalty: float = help_field(
         1.0,
         "Penalty > 1 on tokens already in the prompt or the completion (transformers' semantics: positive "
         "logits divided by it, negative ones multiplied), rollouts only, not part of the scored policy; 1 disables.",
     )
-    fast_generation: bool = _help(
+    apply_chat_template: bool | list = help_field(
+        False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
+    )
+    # --- multi-turn ---
+    num_turns: int = help_field(1, "Turns per episode; > 1 needs an external_transition.")
+    discount: float = help_field(0.9, "Discount of child returns in the multi-turn rollout tree.")
+    termination_threshold: float | None = help_field(
+        None, "Stop expanding a branch whose reward reaches this value (None = never; off by default)."
+    )
+    # --- evaluation and logging ---
+    eval_steps: int = help_field(0, "Evaluate every N steps (0 = only when evaluate() is called).")
+    eval_do_sample: bool = help_field(False, "Sample during evaluation (False = greedy).")
+    eval_temperature: float = help_field(1.0, "Temperature when eval_do_sample is True.")
+    eval_num_generations: int = help_field(1, "Samples per agent per prompt in evaluation.")
+    eval_max_rows: int | None = help_field(None, "Evaluate on at most this many rows of eval_dataset.")
+    per_device_eval_batch_size: int = help_field(8, "Dataset rows per evaluation rollout.")
+    logging_steps: int = help_field(1, "Write metrics every N optimizer steps.")
+    save_steps: int = help_field(0, "Checkpoint every N optimizer steps (0 = no intermediate checkpoints).")
+    save_total_limit: int | None = help_field(2, "Keep at most this many checkpoints (None = all).")
+    report_to: list = help_field([], "Extra metric sinks: 'tensorboard', 'wandb' (used only when installed).")
+    disable_tqdm: bool = help_field(False, "Hide progress bars.")
+    disable_dropout: bool = help_field(
+        False, "Set every dropout probability of the agents' models to 0 (as TRL's option)."
+    )
+    # --- scale-out (torchrun; see docs/distributed.md) ---
+    placement: dict | None = help_field(
+        None,
+        "Under torchrun: agent index -> rank or list of ranks (its replicas; rows are split across them). "
+        "None: round-robin when ranks <= agents, else rank = replica * num_agents + agent.",
+    )
+    dist_timeout: float = help_field(
+        1800.0,
+        "Under torchrun: seconds a process waits for the others at a collective before failing, so a dead "
+        "or hung rank stops the job instead of hanging it. Must exceed the slowest reward computation.",
+    )
+    # --- speed and memory: the same math (measurements in benchmarks/README.md) ---
+    share_base: bool = help_field(
+        True, "With peft_config: agents from the same model source keep one frozen base and one LoRA adapter each."
+    )
+    team_lora_forward: bool | int = help_field(
+        2,
+        "With a shared LoRA base and bf16: how many agents' loss forward/backward run as one routed pass of the "
+        "base per micro-batch, each row through its own agent's adapter (same gradients as one pass per agent). 1 or "
+        "False: one pass per agent; True: the whole team. Trades memory for time: the activations of every agent in a "
+        "pass are live at once.",
+    )
+    forward_batch_size: int | None = help_field(
+        None, "Sequences per forward/backward chunk (bounds memory); None = all at once."
+    )
+    gradient_checkpointing: bool = help_field(False, "Recompute activations in backward to save memory.")
+    fast_generation: bool = help_field(
         True,
         "Sample with comlrl's own decode loop (static KV cache; Llama/Mistral/Qwen2 layouts, else a generic "
         "path) instead of transformers' generate; same distribution, greedy outputs identical.",
     )
-    concurrent_rollout: bool = _help(
+    concurrent_rollout: bool = help_field(
         True,
-        "On CPU, decode a team's distinct models at once, one thread and its share of the cores each (measured "
-        "~13% less rollout time for 2 fp32 SmolLM2-135M agents). Each model decodes from its own weight copy, so when "
-        "those are made per step (fp32 weights, which change every update) the rollout holds both at once: +0.1-0.2 "
-        "GB peak RSS for 2 full fine-tuned SmolLM2-135M agents. Turn off to keep the smaller peak. Kernels on fewer "
-        "threads sum in another order, so a run's samples can differ from the same run with this off.",
+        "On CPU, decode a team's distinct models at once, one thread and its share of the cores each. Each model "
+        "decodes from its own weight copy, so when those are made per step (fp32 weights, which change every update) "
+        "the rollout holds both at once: a higher peak RSS; turn off to keep the smaller one. Kernels on fewer threads "
+        "sum in another order, so a run's samples can differ from the same run with this off.",
     )
-    rollout_dtype: str | None = _help(
+    rollout_dtype: str | None = help_field(
         None,
         "Compute dtype of the rollout decode: None = bfloat16 when bf16 is set, else the model's own; "
-        "'bfloat16' with fp32 training samples from a bf16 copy of the weights (about 2x the decode tokens/s on CPUs "
-        "with bf16 matmul units and on GPUs) -- a slightly different policy than the fp32 one the loss scores "
-        "(see rollout_correction).",
+        "'bfloat16' with fp32 training samples from a bf16 copy of the weights (faster on CPUs with bf16 matmul "
+        "units and on GPUs): a slightly different policy than the fp32 one the loss scores (see rollout_correction).",
     )
-    rollout_correction: str | None = _help(
+    rollout_correction: str | None = help_field(
         "tis",
         "When the rollout decodes in another dtype than the training forward (rollout_dtype), the tokens come "
         "from a slightly different policy than the one the loss scores. 'tis': the rollout records each sampled "
@@ -250,39 +275,18 @@ class TrainConfig:
         "importance sampling as in verl's rollout correction (Yao et al. 2025); metrics rollout_is_weight, "
         "rollout_is_capped, rollout_kl. None: no correction. No effect when the two dtypes agree.",
     )
-    rollout_is_cap: float = _help(2.0, "Upper bound of the per-token importance weight of rollout_correction='tis'.")
-    apply_chat_template: bool | list = _help(
-        False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
+    rollout_is_cap: float = help_field(
+        2.0, "Upper bound of the per-token importance weight of rollout_correction='tis'."
     )
-    # --- multi-turn ---
-    num_turns: int = _help(1, "Turns per episode; > 1 needs an external_transition.")
-    discount: float = _help(0.9, "Discount of child returns in the multi-turn rollout tree.")
-    termination_threshold: float | None = _help(
-        None, "Stop expanding a branch whose reward reaches this value (None = never; off by default)."
+    release_memory: bool = help_field(
+        True,
+        "CPU, glibc: hand the heap pages freed by the rollout and by the update back to the OS before the next "
+        "phase: a lower peak RSS for a little more time (page faults).",
     )
-    # --- evaluation and logging ---
-    eval_steps: int = _help(0, "Evaluate every N steps (0 = only when evaluate() is called).")
-    eval_do_sample: bool = _help(False, "Sample during evaluation (False = greedy).")
-    eval_temperature: float = _help(1.0, "Temperature when eval_do_sample is True.")
-    eval_num_generations: int = _help(1, "Samples per agent per prompt in evaluation.")
-    eval_max_rows: int | None = _help(None, "Evaluate on at most this many rows of eval_dataset.")
-    per_device_eval_batch_size: int = _help(8, "Dataset rows per evaluation rollout.")
-    logging_steps: int = _help(1, "Write metrics every N optimizer steps.")
-    save_steps: int = _help(0, "Checkpoint every N optimizer steps (0 = no intermediate checkpoints).")
-    save_total_limit: int | None = _help(2, "Keep at most this many checkpoints (None = all).")
-    report_to: list = _help([], "Extra metric sinks: 'tensorboard', 'wandb' (used only when installed).")
-    disable_tqdm: bool = _help(False, "Hide progress bars.")
-    disable_dropout: bool = _help(False, "Set every dropout probability of the agents' models to 0 (as TRL's option).")
-    # --- scale-out (torchrun; see docs/distributed.md) ---
-    placement: dict | None = _help(
+    malloc_mmap_threshold_kb: int | None = help_field(
         None,
-        "Under torchrun: agent index -> rank or list of ranks (its replicas; rows are split across them). "
-        "None: round-robin when ranks <= agents, else rank = replica * num_agents + agent.",
-    )
-    dist_timeout: float = _help(
-        1800.0,
-        "Under torchrun: seconds a process waits for the others at a collective before failing, so a dead "
-        "or hung rank stops the job instead of hanging it. Must exceed the slowest reward computation.",
+        "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
+        "freed: a lower peak RSS for a slower loss pass (page faults). None: leave malloc's settings alone.",
     )
 
     def __post_init__(self) -> None:
@@ -359,9 +363,9 @@ class TrainConfig:
 class PolicyConfig(TrainConfig):
     """Settings of the policy-gradient update shared by the REINFORCE family and the actor-critic trainers."""
 
-    num_agents: int | None = _help(None, "Optional check: must equal the trainer's number of agents when set.")
-    reward_clip: float | None = _help(None, "Clip team rewards to [-c, c] before advantages (None = off).")
-    loss_type: str = _help(
+    num_agents: int | None = help_field(None, "Optional check: must equal the trainer's number of agents when set.")
+    reward_clip: float | None = help_field(None, "Clip team rewards to [-c, c] before advantages (None = off).")
+    loss_type: str = help_field(
         "token_mean",
         "How token losses are averaged over an optimizer step's completions (all its rollouts and turns). "
         "token_mean (TRL's dapo): every completion token alike, over the whole step; seq_mean_token_mean (TRL's "
@@ -370,24 +374,24 @@ class PolicyConfig(TrainConfig):
         "2025, Dr. GRPO); bnpo: token mean within each rollout, then the mean over the step's rollouts (TRL "
         "normalizes per local batch). TRL's default is dapo, the same normalization as token_mean.",
     )
-    turn_weighting: str = _help(
+    turn_weighting: str = help_field(
         "samples",
         "Multi-turn: 'samples' (default): every sample of a step weighs alike, so turn t weighs in "
         "proportion to its node count (G^t, or G^(N t) in cross mode), as each tree node weighs alike in the "
         "reference library; 'turns': the loss_type normalization runs within each turn and the turns are averaged, "
         "so each turn weighs the same whatever its node count.",
     )
-    mask_truncated_completions: bool = _help(
+    mask_truncated_completions: bool = help_field(
         False,
         "Leave completions that hit max_new_tokens without EOS out of the loss (they still count in the "
         "rewards and baselines), as TRL's option.",
     )
-    epsilon: float = _help(0.2, "PPO ratio clip range; only active when num_iterations > 1.")
-    epsilon_high: float | None = _help(
+    epsilon: float = help_field(0.2, "PPO ratio clip range; only active when num_iterations > 1.")
+    epsilon_high: float | None = help_field(
         None, "Upper clip range of the ratio, 1 + epsilon_high (DAPO's clip-higher); None = epsilon."
     )
-    num_iterations: int = _help(1, "Optimizer passes per rollout batch (PPO-style reuse with ratio clipping).")
-    beta: float = _help(0.0, "KL penalty coefficient to a frozen reference copy of each agent (0 = no reference).")
+    num_iterations: int = help_field(1, "Optimizer passes per rollout batch (PPO-style reuse with ratio clipping).")
+    beta: float = help_field(0.0, "KL penalty coefficient to a frozen reference copy of each agent (0 = no reference).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -420,13 +424,13 @@ class MAGRPOConfig(PolicyConfig):
     no std scaling, so the four baselines give different updates.
     """
 
-    joint_mode: str = _help(
+    joint_mode: str = help_field(
         "align",
         "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample "
         "(multi-turn: a child node per joint action).",
     )
-    advantage_mode: str = _help("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
-    scale_rewards: str | bool = _help(
+    advantage_mode: str = help_field("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
+    scale_rewards: str | bool = help_field(
         "none",
         f"Divide advantages by the std of the group or batch: {SCALE_MODES}; TRL's True means 'group', "
         "False 'none'. The default differs from TRL's (group): without it the four baselines give different updates.",
@@ -459,7 +463,7 @@ def _variant(name: str, mode: str, doc: str) -> type:
         {
             "__doc__": doc,
             "__annotations__": {"advantage_mode": str},
-            "advantage_mode": _help(mode, MAGRPOConfig.field_help()["advantage_mode"]),
+            "advantage_mode": help_field(mode, MAGRPOConfig.field_help()["advantage_mode"]),
         },
     )
     cls.__module__ = __name__
@@ -475,20 +479,22 @@ MAReMaxConfig = _variant("MAReMaxConfig", "max", "MAGRPOConfig with the group-ma
 class ActorCriticConfig(PolicyConfig):
     """Config of the actor-critic trainers (IAC, MAAC): separate actors, learned value critic(s)."""
 
-    critic_type: str = _help("v", "'v': V(prompts); 'q' (MAAC only): Q(prompts, joint action), node value = mean of Q.")
-    use_separate_critic: bool = _help(
+    critic_type: str = help_field(
+        "v", "'v': V(prompts); 'q' (MAAC only): Q(prompts, joint action), node value = mean of Q."
+    )
+    use_separate_critic: bool = help_field(
         True,
         "True: a separate value model (critic_model); False: a value head on the actor's own backbone "
         "(features detached: the value loss trains the head only).",
     )
-    critic_model: str | None = _help(
+    critic_model: str | None = help_field(
         None, "Model source of the separate critic (None = the actor's source); may be smaller."
     )
-    critic_learning_rate: float = _help(1e-5, "AdamW learning rate of the critic (backbone and head).")
-    critic_max_grad_norm: float = _help(1.0, "Gradient-norm clip of the critic (0 disables).")
-    gae_lambda: float = _help(1.0, "GAE lambda over turns: 1 = Monte-Carlo tree returns, 0 = TD(0).")
-    value_clip: float | None = _help(None, "Clip the value update around the pre-update values (None = off).")
-    normalize_advantages: bool = _help(
+    critic_learning_rate: float = help_field(1e-5, "AdamW learning rate of the critic (backbone and head).")
+    critic_max_grad_norm: float = help_field(1.0, "Gradient-norm clip of the critic (0 disables).")
+    gae_lambda: float = help_field(1.0, "GAE lambda over turns: 1 = Monte-Carlo tree returns, 0 = TD(0).")
+    value_clip: float | None = help_field(None, "Clip the value update around the pre-update values (None = off).")
+    normalize_advantages: bool = help_field(
         True,
         "Normalize each agent's advantages to zero mean, unit std per rollout (on by default, as in CleanRL's and "
         "TRL's PPO: early on, an untrained critic's V is far from the returns and raw advantages share one sign).",

@@ -212,11 +212,12 @@ def _team(config: dict, rows: list[dict]) -> str:
         return str(config["agents"])
     if config.get("model"):
         return f"{config['model']} x {config.get('num_agents') or 2}"
+    # else: the agents the metrics name
     n = (
         config.get("num_agents")
         or (config.get("training") or {}).get("num_agents")
         or len({k.split("/")[1] for k in _keys(rows, "agent/")})
-    )  # else: the agents the metrics name
+    )
     return f"{n} agents" if n else "?"
 
 

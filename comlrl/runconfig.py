@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from .config import TrainConfig, suggest
+from .config import TrainConfig, help_field, suggest
 from .errors import ConfigError
 
 # --- algorithms -----------------------------------------------------------------------------------
@@ -130,61 +130,57 @@ def get_algorithm(name: str) -> Algorithm:
 # --- sections ---------------------------------------------------------------------------------------
 
 
-def _help(default: Any, text: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": text})
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class EnvSection:
-    name: str = _help("", "Environment name (`comlrl envs` lists them).")
-    options: dict = _help({}, "Keyword options of comlrl.envs.make(name, ...), e.g. {transition: passed}.")
+    name: str = help_field("", "Environment name (`comlrl envs` lists them).")
+    options: dict = help_field({}, "Keyword options of comlrl.envs.make(name, ...), e.g. {transition: passed}.")
 
 
 @dataclass
 class DataSection:
-    source: str | None = _help(
+    source: str | None = help_field(
         None,
         "Training data: a local JSON/JSONL/parquet file (relative to the config file) or a "
         "hub id; null = the environment's default (package data or its hub id).",
     )
-    split: str | None = _help(None, "Split of source (null = the environment's default split).")
-    limit: int | None = _help(None, "Use at most this many training rows (null = all that are not held out).")
-    eval_source: str | None = _help(None, "Evaluation data (null = source).")
-    eval_split: str = _help(
+    split: str | None = help_field(None, "Split of source (null = the environment's default split).")
+    limit: int | None = help_field(None, "Use at most this many training rows (null = all that are not held out).")
+    eval_source: str | None = help_field(None, "Evaluation data (null = source).")
+    eval_split: str = help_field(
         "holdout",
         "'holdout': the eval_limit rows of source right after the training rows (the "
         "last rows when limit is null), never trained on; otherwise a split of eval_source.",
     )
-    eval_limit: int = _help(8, "Evaluation rows (0 = no evaluation).")
+    eval_limit: int = help_field(8, "Evaluation rows (0 = no evaluation).")
 
 
 @dataclass
 class EvaluationSection:
-    before: bool = _help(True, "Evaluate the team on the evaluation rows before training.")
-    after: bool = _help(True, "Evaluate again after training and print the before/after summary.")
-    num_samples: int = _help(3, "Sample completions shown in the summary and the report.")
+    before: bool = help_field(True, "Evaluate the team on the evaluation rows before training.")
+    after: bool = help_field(True, "Evaluate again after training and print the before/after summary.")
+    num_samples: int = help_field(3, "Sample completions shown in the summary and the report.")
 
 
 @dataclass
 class RunConfig:
     """A whole run: algorithm, environment, data, team, LoRA, trainer settings, evaluation, report."""
 
-    name: str = _help("run", "Run name; the run directory is runs/<name>-<timestamp> unless output_dir is set.")
-    algorithm: str = _help("magrpo", "One of ALGORITHMS (magrpo, mareinforce, marloo, maremax, iac, maac).")
-    output_dir: str | None = _help(None, "Run directory (relative to the working directory).")
-    resume: bool = _help(False, "Continue from the newest complete checkpoint in the run directory (true / auto).")
-    env: EnvSection = _help(None, "The environment.")
-    data: DataSection = _help(None, "Training and evaluation data.")
-    model: str | None = _help(None, "One model source for every agent: 'embedded', a local dir / .gguf, or a hub id.")
-    agents: list | None = _help(None, "One model source per agent (heterogeneous team); excludes model.")
-    num_agents: int | None = _help(None, "Team size when model is given (default 2, or len(agents)).")
-    tokenizer: Any = _help(None, "One tokenizer source, or one per agent (default: each model's own).")
-    lora: dict | None = _help(None, "peft.LoraConfig fields; each agent gets its own adapter on a frozen base.")
-    training: dict = _help({}, "Fields of the algorithm's config class (learning_rate, num_generations, ...).")
-    evaluation: EvaluationSection = _help(None, "Evaluation before and after training.")
-    report: bool = _help(True, "Write plots and a Markdown summary at the end of training.")
+    name: str = help_field("run", "Run name; the run directory is runs/<name>-<timestamp> unless output_dir is set.")
+    algorithm: str = help_field("magrpo", "One of ALGORITHMS (magrpo, mareinforce, marloo, maremax, iac, maac).")
+    output_dir: str | None = help_field(None, "Run directory (relative to the working directory).")
+    resume: bool = help_field(False, "Continue from the newest complete checkpoint in the run directory (true / auto).")
+    env: EnvSection = help_field(None, "The environment.")
+    data: DataSection = help_field(None, "Training and evaluation data.")
+    model: str | None = help_field(
+        None, "One model source for every agent: 'embedded', a local dir / .gguf, or a hub id."
+    )
+    agents: list | None = help_field(None, "One model source per agent (heterogeneous team); excludes model.")
+    num_agents: int | None = help_field(None, "Team size when model is given (default 2, or len(agents)).")
+    tokenizer: Any = help_field(None, "One tokenizer source, or one per agent (default: each model's own).")
+    lora: dict | None = help_field(None, "peft.LoraConfig fields; each agent gets its own adapter on a frozen base.")
+    training: dict = help_field({}, "Fields of the algorithm's config class (learning_rate, num_generations, ...).")
+    evaluation: EvaluationSection = help_field(None, "Evaluation before and after training.")
+    report: bool = help_field(True, "Write plots and a Markdown summary at the end of training.")
     #: Where the config came from (not a YAML key).
     source_path: str | None = field(default=None, metadata={"internal": True})
 

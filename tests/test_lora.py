@@ -6,6 +6,7 @@ from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.config import MAGRPOConfig
 from comlrl.engine.rollout import GenerationSettings
+from comlrl.trainers.base import FrozenLogprobs
 from comlrl.trainers.episode import root_nodes
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
@@ -99,7 +100,7 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
         grads = []
         for t in (shared, plain):
             agent = t.agents[i]
-            t._accumulate_agent(agent, batches, w, {}, 0)
+            t._accumulate_agent(agent, batches, w, FrozenLogprobs(), 0)
             grads.append([p.grad.clone() for p in agent.params])
             agent.optimizer.zero_grad()
         for g1, g2 in zip(*grads):
@@ -213,12 +214,16 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
     data = {}
     for a in t.agents:
         samples = ep.turns[0].samples[a.index]
-        data[a.index] = ([(samples, adv[a.index][0])], loss_weights([samples.completion_mask], "token_mean"), {})
+        data[a.index] = (
+            [(samples, adv[a.index][0])],
+            loss_weights([samples.completion_mask], "token_mean"),
+            FrozenLogprobs(),
+        )
     team_sums = t._accumulate_team(t.agents, data, 0)
     team = [[p.grad.clone() for p in a.params] for a in t.agents]
     for a in t.agents:
         batches, w, _ = data[a.index]
-        sums = t._accumulate_agent(a, batches, w, {}, 0)
+        sums = t._accumulate_agent(a, batches, w, FrozenLogprobs(), 0)
         for k, v in sums.items():
             assert abs(team_sums[a.index][k] - v) <= 1e-2 * max(abs(v), 1e-3), (a.index, k)
         alone = [p.grad for p in a.params]

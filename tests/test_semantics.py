@@ -15,6 +15,7 @@ from comlrl.config import MAGRPOConfig
 from comlrl.engine.logprobs import completion_logprobs
 from comlrl.engine.rollout import GenerationSettings, generate
 from comlrl.errors import ConfigError
+from comlrl.trainers.base import FrozenLogprobs
 from comlrl.trainers.episode import Episode, Turn, episode_advantages, joint_indices
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
@@ -56,7 +57,7 @@ def test_temperature_loss_gradient_is_reinforce_of_the_tempered_policy():
     samples, a0 = episode.turns[0].samples[0], adv[0][0]
     assert a0.abs().sum() > 0
     weights = t.token_weights([(episode, adv)], [samples])
-    t._accumulate_agent(agent, [(samples, a0)], weights, {}, 0)
+    t._accumulate_agent(agent, [(samples, a0)], weights, FrozenLogprobs(), 0)
     got = [p.grad.clone() for p in agent.params]
 
     model = agent.model
@@ -365,7 +366,7 @@ def test_bf16_default_is_detected_once_and_logged(monkeypatch, caplog):
 
 
 def test_native_bf16_detection(monkeypatch):
-    from comlrl.trainers import setup
+    from comlrl.engine import process as setup
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)

@@ -8,6 +8,7 @@ from tiny import tiny_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from comlrl.config import MAGRPOConfig
+from comlrl.trainers.base import FrozenLogprobs
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(6)]
@@ -137,7 +138,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
     grads = {}
     for mode in ("none", "mean", "loo", "max"):
         adv = episode_advantages(ep, 2, 4, mode=mode)
-        t._accumulate_agent(agent, [(samples, adv[0][0])], w, {}, 0)
+        t._accumulate_agent(agent, [(samples, adv[0][0])], w, FrozenLogprobs(), 0)
         grads[mode] = torch.cat([p.grad.flatten() for p in agent.params])
         agent.optimizer.zero_grad()
     modes = list(grads)
@@ -359,7 +360,8 @@ def test_gradient_checkpointing_does_not_change_the_update():
 def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
     """The trainer sets glibc's mmap threshold from the config (None leaves malloc alone); bad values name the field."""
     from comlrl.config import ConfigError
-    from comlrl.trainers import base, setup
+    from comlrl.engine import process as setup
+    from comlrl.trainers import base
 
     calls = []
     monkeypatch.setattr(base, "limit_heap_fragmentation", lambda kb: calls.append(kb))

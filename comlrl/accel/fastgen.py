@@ -506,9 +506,8 @@ class _Routing:
     def mask(self, ranks: tuple[int, ...]) -> torch.Tensor:
         """(N, sum ranks) fp32 0/1: row n keeps the columns of its own adapter (ranks[j] columns for adapter j)."""
         if ranks not in self._masks:
-            cols = torch.repeat_interleave(
-                torch.arange(len(ranks), device=self.rows.device), torch.tensor(ranks, device=self.rows.device)
-            )  # (sum R,)
+            device = self.rows.device
+            cols = torch.repeat_interleave(torch.arange(len(ranks), device=device), torch.tensor(ranks, device=device))
             self._masks[ranks] = (self.rows[:, None] == cols[None, :]).float()
         return self._masks[ranks]
 

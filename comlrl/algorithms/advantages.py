@@ -103,6 +103,11 @@ def cross_credit(joint_returns: torch.Tensor, agent: int) -> torch.Tensor:
     return joint_returns.mean(dim=other) if other else joint_returns
 
 
+def clip_rewards(rewards: list[torch.Tensor], clip: float | None) -> list[torch.Tensor]:
+    """Each turn's rewards clipped to [-clip, clip]; unchanged when ``clip`` is None."""
+    return rewards if clip is None else [r.clamp(-clip, clip) for r in rewards]
+
+
 def tree_returns(rewards: list[torch.Tensor], children: list[torch.Tensor], discount: float) -> list[torch.Tensor]:
     """Returns over a multi-turn rollout tree: R = r + discount * mean(R of the child node's joint actions).
 

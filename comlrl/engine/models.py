@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import HFValidationError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..accel.modules import is_checkpointing, model_device, unwrap_peft  # noqa: F401  (re-exported)
 from ..errors import ModelLoadError
@@ -264,11 +264,6 @@ def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agen
 def copy_model(model: PreTrainedModel) -> PreTrainedModel:
     """An independent copy of ``model`` (its own parameters)."""
     return copy.deepcopy(model)
-
-
-def model_config(source: str) -> Any:
-    """The config of a model source without loading weights."""
-    return _from_pretrained(AutoConfig, resolve_source(source))
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

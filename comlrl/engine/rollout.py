@@ -268,7 +268,7 @@ def _finish(r: GenerationRequest, job: dict, completion_ids: torch.Tensor, logp:
         logp = None if logp is None else torch.zeros(completion_ids.shape)
     mask, truncated = completion_mask(completion_ids, stop)
     completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
-    texts = r.tokenizer.batch_decode(completion_ids * mask + pad_id * (1 - mask), skip_special_tokens=True)
+    texts = r.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if logp is not None:
         logp = logp * mask
     return Samples(job["prompt_ids"], job["prompt_mask"], completion_ids, mask, texts, truncated, logp)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..algorithms.advantages import normalize, tree_gae
+from ..algorithms.advantages import clip_rewards, normalize, tree_gae
 from ..algorithms.losses import value_loss
 from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
 from ..distributed import shard_bounds
@@ -21,7 +21,6 @@ from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_s
 from ..engine.models import copy_model, load_model, load_tokenizer
 from ..engine.sampling import derive_seed, seeded
 from ..engine.team import active_adapter, wrap_lora
-from ..errors import ConfigError
 from .base import MultiAgentTrainer
 from .episode import Episode, joint_indices
 from .setup import build_optimizer, build_tokenizers
@@ -59,7 +58,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     separate critic(s); default: ``critic_model`` or a copy of the actor's initial model) and ``critic_tokenizer``."""
 
     config_class = ActorCriticConfig
-    config_base = ActorCriticConfig
+    accepted_config = ActorCriticConfig
     centralized = False
     # Under torchrun, agent i's critic (IAC) lives on agent i's ranks, the centralized one (MAAC) on every rank; each
     # copy values and updates its shard of the rows (values exchanged, gradients summed).
@@ -77,13 +76,6 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return 1 if self.centralized else self.num_agents
 
     # ------------------------------------------------------------------ construction
-    def _check_args(self) -> None:
-        if not isinstance(self.args, self.config_class):
-            raise ConfigError(
-                f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}."
-            )
-        super()._check_args()
-
     def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
         """Build the critics' backbones from the actors' *initial* models (before any LoRA wrapping)."""
         local = self.dist.local_agents if self.dist else list(range(len(models)))  # agent index of each model
@@ -135,10 +127,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
         """advantages[agent][turn] = GAE target - V(h), from each agent's critic (IAC) or the shared one (MAAC)."""
         a = self.args
-        rewards = [
-            t.rewards if a.reward_clip is None else t.rewards.clamp(-a.reward_clip, a.reward_clip)
-            for t in episode.turns
-        ]
+        rewards = clip_rewards([t.rewards for t in episode.turns], a.reward_clip)
         children = [t.children for t in episode.turns]
         per_critic, batches = {}, []
         for critic, (node_values, batch) in zip(self.critics, self._values(episode)):
@@ -277,12 +266,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
 class IACTrainer(ActorCriticTrainer):
     """Independent actor-critic: agent i's critic reads agent i's prompt only."""
 
-    config_class = IACConfig
+    config_class = accepted_config = IACConfig
     centralized = False
 
 
 class MAACTrainer(ActorCriticTrainer):
     """Multi-agent actor-critic: one centralized critic reads every agent's prompt (V) or prompts + joint action (Q)."""
 
-    config_class = MAACConfig
+    config_class = accepted_config = MAACConfig
     centralized = True

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -53,6 +54,15 @@ from .setup import (
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class FrozenLogprobs:
+    """An update's log-probs that do not change during it, by chunk (batch index, first row): ``old``, the policy that
+    sampled (recorded on the first iteration, when the parameters are still those), and ``ref``, the KL reference."""
+
+    old: dict = field(default_factory=dict)
+    ref: dict = field(default_factory=dict)
+
+
 class MultiAgentTrainer:
     """Trains a team of causal LMs on a shared team reward with a critic-free multi-agent policy gradient.
 
@@ -72,7 +82,9 @@ class MultiAgentTrainer:
     """
 
     config_class = MAGRPOConfig
-    config_base: type = MAGRPOConfig  # every config this trainer accepts derives from it
+    accepted_config: type = (
+        MAGRPOConfig  # args must be an instance of it (config_class: the default and the name in errors)
+    )
     fixed_advantage_mode: str | None = None
     supports_distributed = True  # torchrun placement / data parallelism (comlrl.distributed)
 
@@ -131,21 +143,19 @@ class MultiAgentTrainer:
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         share = peft_config is not None and self.args.share_base
         local = self.dist.local_agents if self.dist else list(range(self.num_agents))  # agents whose weights live here
-        here = [sources[i] for i in local]
-        models = build_models(here, share=share)
+        local_sources = [sources[i] for i in local]
+        models = build_models(local_sources, share=share)
         if peft_config is not None and self.args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
             models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
         tokenizers = build_tokenizers(tokenizer, sources, local)
-        self.formatters = fmts = build_formatters(
-            formatters, self.num_agents
-        )  # every agent's: prompts of the whole team
+        # every agent's formatter, also those on other ranks: prompts are built for the whole team
+        self.formatters = formatters = build_formatters(formatters, self.num_agents)
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
-        groups = source_groups(here) if share else list(range(len(local)))
+        groups = source_groups(local_sources) if share else list(range(len(local)))
         self._team_sources, self._tokenizer_source = sources, tokenizer  # every agent's, also those on other ranks
-        self.prepare_models(here, models, peft_config)
-        lora_seeds = [
-            derive_seed(self.args.seed, "lora", i) for i in local
-        ]  # an adapter's init does not depend on placement
+        self.prepare_models(local_sources, models, peft_config)
+        # an adapter's init does not depend on placement
+        lora_seeds = [derive_seed(self.args.seed, "lora", i) for i in local]
         wrapped = (
             build_lora_team(models, groups, peft_config, local, lora_seeds)
             if peft_config is not None
@@ -153,7 +163,7 @@ class MultiAgentTrainer:
         )
         self.agents = []
         for i, (m, adapter), tok in zip(local, wrapped, tokenizers):
-            fmt, chat = fmts[i], chats[i]
+            fmt, chat = formatters[i], chats[i]
             check_vocab(m, tok, i)
             if self.args.gradient_checkpointing and not getattr(m, "_comlrl_checkpointing", False):
                 m._comlrl_checkpointing = True
@@ -190,7 +200,7 @@ class MultiAgentTrainer:
         """Hook: called with the loaded models before LoRA wrapping (critics copy their bases here)."""
 
     def _check_args(self) -> None:
-        if not isinstance(self.args, self.config_base):
+        if not isinstance(self.args, self.accepted_config):
             raise ConfigError(
                 f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}."
             )
@@ -459,7 +469,7 @@ class MultiAgentTrainer:
         """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
         metrics: dict[str, float] = {"time/loss": 0.0, "time/optimizer": 0.0}
         for group in self._update_groups():
-            data = {}  # agent index -> (batches, weights, old log-prob cache)
+            data = {}  # agent index -> (batches, weights, the chunks' frozen log-probs)
             for agent in group:
                 batches = [
                     (turn.samples[agent.index], adv[agent.index][t])
@@ -467,25 +477,23 @@ class MultiAgentTrainer:
                     for t, turn in enumerate(ep.turns)
                 ]
                 weights = self.token_weights(buffer, [s for s, _ in batches])
-                if (
-                    self.dist is not None
-                ):  # data parallel: this replica's rows; the weights keep the whole step's normalizer
+                if self.dist is not None:  # data parallel: this replica's rows, the whole step's normalizer
                     batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
-                data[agent.index] = (batches, weights, {})
+                data[agent.index] = (batches, weights, FrozenLogprobs())
             per_iteration: list[dict[int, dict[str, float]]] = []
             for it in range(self.args.num_iterations):
                 start = time.perf_counter()
                 if len(group) > 1:
-                    sums = self._accumulate_team(group, data, it)
+                    metric_sums = self._accumulate_team(group, data, it)
                 else:
-                    sums = {group[0].index: self._accumulate_agent(group[0], *data[group[0].index], it)}
+                    metric_sums = {group[0].index: self._accumulate_agent(group[0], *data[group[0].index], it)}
                 if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
-                    sums = {a.index: self.dist.reduce_gradients(a, sums[a.index]) for a in group}
+                    metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
                 mid = time.perf_counter()
                 norms = {a.index: self._optimizer_step(a) for a in group}
                 metrics["time/loss"] += mid - start
                 metrics["time/optimizer"] += time.perf_counter() - mid
-                per_iteration.append({i: dict(sums[i], grad_norm=norms[i]) for i in sums})
+                per_iteration.append({i: dict(metric_sums[i], grad_norm=norms[i]) for i in metric_sums})
             for agent in group:
                 pre = f"agent/{agent.index}/"
                 metrics.update(
@@ -537,15 +545,15 @@ class MultiAgentTrainer:
         return sorted(out, key=lambda g: g[0].index)
 
     def _accumulate_agent(
-        self, agent: Agent, batches: list, weights: list[torch.Tensor], cache: dict, iteration: int
+        self, agent: Agent, batches: list, weights: list[torch.Tensor], frozen: FrozenLogprobs, iteration: int
     ) -> dict[str, float]:
-        """Forward/backward over every chunk of an agent's samples; returns weighted metric sums."""
+        """Forward/backward over every chunk of an agent's samples; returns weighted metric metric_sums."""
         if not agent.model.training:  # a full .train() walks every module (~30 ms for a PEFT team)
             agent.model.train()
         agent.optimizer.zero_grad(set_to_none=True)
         # backward must run while the agent's adapter is active: PEFT freezes inactive adapters
         with active_adapter(agent.model, agent.adapter):
-            sums: dict[str, float] = {}
+            metric_sums: dict[str, float] = {}
             for b, lo, sl in self._chunks(batches):
                 tensors = self._chunk_tensors(batches[b][0], sl)
                 with self.autocast():
@@ -557,12 +565,12 @@ class MultiAgentTrainer:
                     batches[b][1][sl],
                     weights[b][sl],
                     self._rollout_logp(batches[b][0], sl),
-                    cache,
+                    frozen,
                     (b, lo),
                     iteration,
-                    sums,
+                    metric_sums,
                 ).backward()
-            return sums
+            return metric_sums
 
     def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
         """:meth:`_accumulate_agent` for agents sharing a LoRA base: each chunk of every agent in one routed
@@ -572,7 +580,7 @@ class MultiAgentTrainer:
             model.train()
         for a in group:
             a.optimizer.zero_grad(set_to_none=True)
-        sums: dict[int, dict[str, float]] = {a.index: {} for a in group}
+        metric_sums: dict[int, dict[str, float]] = {a.index: {} for a in group}
         with trainable([p for a in group for p in a.params]):  # PEFT freezes the adapters that are not active
             for b, lo, sl in self._chunks(data[group[0].index][0]):
                 parts = [self._chunk_tensors(data[a.index][0][b][0], sl) for a in group]
@@ -589,12 +597,12 @@ class MultiAgentTrainer:
                         data[a.index][2],
                         (b, lo),
                         iteration,
-                        sums[a.index],
+                        metric_sums[a.index],
                     )
                     for a, logp, tensors in zip(group, logps, parts)
                 )
                 total.backward()
-        return sums
+        return metric_sums
 
     def _chunks(self, batches: list) -> Iterator[tuple[int, int, slice]]:
         """(batch index, first row, row slice) of every forward chunk (``forward_batch_size`` rows at most)."""
@@ -626,19 +634,19 @@ class MultiAgentTrainer:
         adv: torch.Tensor,
         weights: torch.Tensor,
         rollout_logp: torch.Tensor | None,
-        cache: dict,
+        frozen: FrozenLogprobs,
         key: tuple[int, int],
         iteration: int,
-        sums: dict[str, float],
+        metric_sums: dict[str, float],
     ) -> torch.Tensor:
-        """An agent's policy loss on one chunk (its metrics added to ``sums``); ``rollout_logp``: the log-probs the
+        """An agent's policy loss on one chunk (its metrics added to ``metric_sums``); ``rollout_logp``: the log-probs the
         tokens were sampled with, when they are corrected for (see :func:`comlrl.algorithms.losses.policy_loss`)."""
         if iteration == 0:  # parameters are still those that sampled: old log-probs are free
-            cache[key] = logp.detach()
-        ref = self._ref_logprobs(agent, tensors, cache, key)
+            frozen.old[key] = logp.detach()
+        ref = self._ref_logprobs(agent, tensors, frozen, key)
         loss, m = policy_loss(
             logp,
-            cache[key],
+            frozen.old[key],
             adv.to(self.device),
             weights.to(self.device),
             self.args.epsilon,
@@ -649,20 +657,21 @@ class MultiAgentTrainer:
             self.args.epsilon_high,
         )
         for k, v in m.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
+            metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
         return loss
 
-    def _ref_logprobs(self, agent: Agent, tensors: list[torch.Tensor], cache: dict, key: tuple) -> torch.Tensor | None:
+    def _ref_logprobs(
+        self, agent: Agent, tensors: list[torch.Tensor], frozen: FrozenLogprobs, key: tuple
+    ) -> torch.Tensor | None:
         """Log-probs under the frozen reference: a copy of the initial model, or the LoRA base with adapters off."""
         if self.args.beta <= 0:
             return None
-        rkey = ("ref",) + key
-        if rkey not in cache:
+        if key not in frozen.ref:
             ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
             model = agent.model if agent.adapter is not None else agent.ref_model
             with torch.no_grad(), ctx, self.autocast():
-                cache[rkey] = completion_logprobs(model, *tensors, temperature=self.args.temperature)
-        return cache[rkey]
+                frozen.ref[key] = completion_logprobs(model, *tensors, temperature=self.args.temperature)
+        return frozen.ref[key]
 
     def _optimizer_step(self, agent: Agent) -> float:
         params = agent.params

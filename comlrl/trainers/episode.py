@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..algorithms.advantages import compute_advantages, cross_credit, joint_mode_name, tree_returns
+from ..algorithms.advantages import clip_rewards, compute_advantages, cross_credit, joint_mode_name, tree_returns
 from ..config import suggest
 from ..engine.rewards import accepted_kwargs, compute_rewards
 from ..engine.rollout import GenerationRequest, GenerationSettings, Samples, generate_concurrently
@@ -66,10 +66,10 @@ def root_nodes(
     agents: list[Agent] | list[Callable], rows: list[dict], row_ids: list[int], columns: Any = None
 ) -> list[Node]:
     """Initial nodes: each agent's formatted prompt for each row (``agents``: the team, or every agent's formatter)."""
-    fmts = [a.formatter if isinstance(a, Agent) else a for a in agents]
+    formatters = [a.formatter if isinstance(a, Agent) else a for a in agents]
     nodes = []
     for row, rid in zip(rows, row_ids):
-        prompts = [apply_formatter(f, row, i, rid, columns) for i, f in enumerate(fmts)]
+        prompts = [apply_formatter(f, row, i, rid, columns) for i, f in enumerate(formatters)]
         nodes.append(Node(row, rid, prompts, [[p] for p in prompts], [[] for _ in agents]))
     return nodes
 
@@ -110,7 +110,7 @@ def run_episode(
             agents, nodes, g, settings, autocast_dtype, seed=None if seed is None else derive_seed(seed, t)
         )
         timings["generate"] += time.perf_counter() - start
-        rewards, levels, children, next_nodes, spent = run_once(
+        rewards, levels, children, next_nodes, turn_timings = run_once(
             score_turn,
             nodes,
             samples,
@@ -123,7 +123,7 @@ def run_episode(
             termination_threshold,
             reward_processor,
         )
-        for k, v in spent.items():
+        for k, v in turn_timings.items():
             timings[k] += v
         turns.append(Turn(nodes, samples, rewards, children, levels))
         if not next_nodes:
@@ -335,7 +335,7 @@ def episode_advantages(
     reward_clip: float | None = None,
 ) -> list[list[torch.Tensor]]:
     """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples."""
-    rewards = [t.rewards if reward_clip is None else t.rewards.clamp(-reward_clip, reward_clip) for t in episode.turns]
+    rewards = clip_rewards([t.rewards for t in episode.turns], reward_clip)
     returns = tree_returns(rewards, [t.children for t in episode.turns], discount)  # (M_t, J) per turn
     if joint_mode_name(joint_mode) == "cross":  # a sample's credit: the mean return of the joint actions with it
         joint = [r.view(r.shape[0], *([num_generations] * num_agents)) for r in returns]  # (M_t, G, ..., G)
