@@ -1,0 +1,278 @@
+import pytest
+import torch
+
+from comlrl.algorithms.preference import (
+    PairSelection,
+    agent_margins,
+    bradley_terry_loss,
+    join_roles,
+    pair_accuracy,
+    replay_weights,
+    select_pairs,
+    split_roles,
+    team_dpo_loss,
+)
+
+BETA = 0.5
+# 2 agents, 1 pair. Agent 1: (pc - rc) - (pr - rr) = (-1.0 + 1.2) - (-1.5 + 1.4) = 0.2 + 0.1 = 0.3
+#                   Agent 2: (-2.0 + 2.05) - (-2.5 + 2.45) = 0.05 + 0.05 = 0.1
+# h = 0.3 + 0.1 = 0.4, beta * h = 0.2
+PC = [[-1.0], [-2.0]]
+PR = [[-1.5], [-2.5]]
+RC = [[-1.2], [-2.05]]
+RR = [[-1.4], [-2.45]]
+# log sigmoid(0.2) = -ln(1 + e^-0.2) = -ln(1 + 0.818731) = -ln(1.818731) = -0.598139
+LOGSIG_02 = -0.5981389
+# sigmoid(-0.2) = 1 - 1/1.818731 = 1 - 0.549834 = 0.450166
+SIG_M02 = 0.4501660
+SIG_02 = 0.5498340
+
+
+def inputs(pc=PC, pr=PR, rc=RC, rr=RR):
+    """Policy log-probs that require grad, reference log-probs that do not (all (N, P))."""
+    return (
+        torch.tensor(pc, requires_grad=True),
+        torch.tensor(pr, requires_grad=True),
+        torch.tensor(rc),
+        torch.tensor(rr),
+    )
+
+
+def test_dpo_value_with_reference():
+    pc, pr, rc, rr = inputs()
+    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA)
+    # team loss -log sigmoid(0.2) = 0.598139; the returned loss sums each agent's copy: 2 * 0.598139 = 1.196278
+    torch.testing.assert_close(m["loss"], torch.tensor(-LOGSIG_02))
+    torch.testing.assert_close(loss, torch.tensor(-2 * LOGSIG_02))
+    torch.testing.assert_close(m["agent_loss"], torch.tensor([-LOGSIG_02, -LOGSIG_02]))
+    torch.testing.assert_close(m["margin"], torch.tensor(0.4))
+    assert m["reward_accuracy"].item() == 1.0
+    # chosen rewards beta*(pc - rc): 0.5*0.2 = 0.1, 0.5*0.05 = 0.025; rejected 0.5*(-0.1) = -0.05, 0.5*(-0.05) = -0.025
+    torch.testing.assert_close(m["chosen_rewards"], torch.tensor([0.1, 0.025]))
+    torch.testing.assert_close(m["rejected_rewards"], torch.tensor([-0.05, -0.025]))
+    assert all(not v.requires_grad for v in m.values())
+
+
+def test_dpo_value_reference_free():
+    pc, pr, _, _ = inputs()
+    loss, m = team_dpo_loss(pc, pr, None, None, BETA, reference_free=True)
+    # h = (-1.0 + 1.5) + (-2.0 + 2.5) = 1.0, beta*h = 0.5
+    # -log sigmoid(0.5) = ln(1 + e^-0.5) = ln(1 + 0.606531) = ln(1.606531) = 0.474077
+    torch.testing.assert_close(m["loss"], torch.tensor(0.4740770))
+    torch.testing.assert_close(loss, torch.tensor(2 * 0.4740770))
+    torch.testing.assert_close(m["margin"], torch.tensor(1.0))
+    # the refs count as 0: chosen rewards beta*pc = (-0.5, -1.0), rejected beta*pr = (-0.75, -1.25)
+    torch.testing.assert_close(m["chosen_rewards"], torch.tensor([-0.5, -1.0]))
+    torch.testing.assert_close(m["rejected_rewards"], torch.tensor([-0.75, -1.25]))
+    # gradient: d/dpc_i = -beta*sigmoid(-0.5) = -0.5 * 0.377541 = -0.188770
+    loss.backward()
+    torch.testing.assert_close(pc.grad, torch.full((2, 1), -0.1887703))
+    torch.testing.assert_close(pr.grad, torch.full((2, 1), 0.1887703))
+
+
+def test_dpo_reference_free_ignores_refs_and_refs_needed_otherwise():
+    pc, pr, rc, rr = inputs()
+    a, _ = team_dpo_loss(pc, pr, rc, rr, BETA, reference_free=True)
+    b, _ = team_dpo_loss(pc, pr, None, None, BETA, reference_free=True)
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="reference_free"):
+        team_dpo_loss(pc, pr, None, None, BETA)
+
+
+def test_dpo_gradient_is_each_agents_own_term_scaled_by_one_over_p():
+    # P = 2: pair 0 as above (h = 0.4); pair 1 swaps chosen and rejected, which negates every term (h = -0.4)
+    pc, pr, rc, rr = inputs(
+        pc=[[-1.0, -1.5], [-2.0, -2.5]],
+        pr=[[-1.5, -1.0], [-2.5, -2.0]],
+        rc=[[-1.2, -1.4], [-2.05, -2.45]],
+        rr=[[-1.4, -1.2], [-2.45, -2.05]],
+    )
+    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA)
+    loss.backward()
+    # d total / d pc_i[p] = -beta*sigmoid(-beta h_p)/P:
+    #   pair 0: -0.5 * sigmoid(-0.2) / 2 = -0.5 * 0.450166 / 2 = -0.112542
+    #   pair 1: -0.5 * sigmoid(+0.2) / 2 = -0.5 * 0.549834 / 2 = -0.137458
+    # (without the detach, each agent would also get the other agent's copy: twice these values)
+    g = torch.tensor([-BETA * SIG_M02 / 2, -BETA * SIG_02 / 2])
+    torch.testing.assert_close(pc.grad, torch.stack([g, g]))
+    torch.testing.assert_close(pr.grad, -torch.stack([g, g]))
+    assert m["reward_accuracy"].item() == 0.5  # h > 0 in pair 0 only
+    torch.testing.assert_close(m["margin"], torch.tensor(0.0), atol=1e-6, rtol=0)
+    # team loss: mean of -log sigmoid(0.2) = 0.598139 and -log sigmoid(-0.2) = 0.598139 + 0.2 = 0.798139 -> 0.698139
+    torch.testing.assert_close(m["loss"], torch.tensor(0.6981389))
+
+
+def test_agent_margin_carries_only_its_own_agents_gradient():
+    pc, pr, rc, rr = inputs()
+    h_agents, h = agent_margins(pc, pr, rc, rr)
+    torch.testing.assert_close(h_agents, torch.tensor([[0.4], [0.4]]))
+    torch.testing.assert_close(h, torch.tensor([0.4]))
+    h_agents[0].sum().backward()
+    # agent 1's margin: d/dpc_1 = 1, d/dpr_1 = -1; agent 2's inputs get nothing
+    assert pc.grad.tolist() == [[1.0], [0.0]]
+    assert pr.grad.tolist() == [[-1.0], [0.0]]
+
+
+def test_dpo_label_smoothing():
+    pc, pr, rc, rr = inputs()
+    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA, label_smoothing=0.1)
+    # -(0.9) log sigmoid(0.2) - 0.1 log sigmoid(-0.2); log sigmoid(-0.2) = log sigmoid(0.2) - 0.2 = -0.798139
+    # = 0.9 * 0.598139 + 0.1 * 0.798139 = 0.538325 + 0.079814 = 0.618139
+    torch.testing.assert_close(m["loss"], torch.tensor(0.6181389))
+    loss.backward()
+    # d/dh = beta * (-(0.9) sigmoid(-0.2) + 0.1 sigmoid(0.2)) = 0.5 * (-0.405149 + 0.054983) = -0.175083
+    torch.testing.assert_close(pc.grad, torch.full((2, 1), -0.1750830))
+    torch.testing.assert_close(pr.grad, torch.full((2, 1), 0.1750830))
+
+
+def test_dpo_ipo_value_and_gradient():
+    pc, pr, rc, rr = inputs()
+    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA, loss_type="ipo")
+    # 1/(2 beta) = 1; (h - 1)^2 = (0.4 - 1)^2 = 0.36; two agents' copies: 0.72
+    torch.testing.assert_close(m["loss"], torch.tensor(0.36))
+    torch.testing.assert_close(loss, torch.tensor(0.72))
+    loss.backward()
+    # d/dpc_i = 2 (h - 1) = -1.2, d/dpr_i = +1.2 (P = 1)
+    torch.testing.assert_close(pc.grad, torch.full((2, 1), -1.2))
+    torch.testing.assert_close(pr.grad, torch.full((2, 1), 1.2))
+
+
+def test_dpo_rejects_bad_settings():
+    pc, pr, rc, rr = inputs()
+    with pytest.raises(ValueError, match="'hinge'"):
+        team_dpo_loss(pc, pr, rc, rr, BETA, loss_type="hinge")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        team_dpo_loss(pc, pr, rc, rr, BETA, loss_type="ipo", label_smoothing=0.1)
+    with pytest.raises(ValueError, match="beta"):
+        team_dpo_loss(pc, pr, rc, rr, 0.0)
+    with pytest.raises(ValueError, match="shape"):
+        team_dpo_loss(pc, pr[:1], rc, rr, BETA)
+    with pytest.raises(ValueError, match="P = 0"):
+        team_dpo_loss(pc[:, :0], pr[:, :0], rc[:, :0], rr[:, :0], BETA)
+
+
+def test_bradley_terry_value_gradient_and_accuracy():
+    sw = torch.tensor([0.5, 1.0], requires_grad=True)
+    sl = torch.tensor([0.5, 0.8])
+    loss = bradley_terry_loss(sw, sl)
+    # differences 0 and 0.2: -log sigmoid(0) = ln 2 = 0.693147; -log sigmoid(0.2) = 0.598139; mean 0.645643
+    torch.testing.assert_close(loss, torch.tensor(0.6456430))
+    loss.backward()
+    # d/ds_w = -sigmoid(-d)/P: -0.5/2 = -0.25, -0.450166/2 = -0.225083
+    torch.testing.assert_close(sw.grad, torch.tensor([-0.25, -SIG_M02 / 2]))
+    assert pair_accuracy(sw, sl).item() == 0.5  # the tie counts as wrong
+    # logsigmoid is stable far out: -log sigmoid(-1000) = 1000
+    torch.testing.assert_close(bradley_terry_loss(torch.tensor([0.0]), torch.tensor([1000.0])), torch.tensor(1000.0))
+
+
+R = torch.tensor([1.0, 3.0, 3.0, 0.0])
+# untied pairs (i, j), gap r_i - r_j: (0,3) 1, (1,0) 2, (1,3) 3, (2,0) 2, (2,3) 3; candidates 1 and 2 tie (3 = 3)
+ALL = [(0, 3), (1, 0), (1, 3), (2, 0), (2, 3)]
+
+
+def test_select_pairs_all_drops_ties():
+    assert select_pairs(R, "all") == PairSelection(ALL, ties=1)
+    assert select_pairs(R, "all", pairs_per_prompt=2).pairs == [(0, 3), (1, 0)]
+
+
+def test_select_pairs_reward_gap_largest_first_index_tie_break():
+    sel = select_pairs(R, "reward_gap")
+    assert sel.pairs == [(1, 3), (2, 3), (1, 0), (2, 0), (0, 3)]
+    assert sel.ties == 1
+    assert select_pairs(R, "reward_gap", pairs_per_prompt=3).pairs == [(1, 3), (2, 3), (1, 0)]
+
+
+def test_select_pairs_random_subset_is_seeded():
+    def draw(seed):
+        return select_pairs(R, "random", pairs_per_prompt=3, generator=torch.Generator().manual_seed(seed))
+
+    sel = draw(0)
+    assert len(sel.pairs) == 3 and set(sel.pairs) <= set(ALL) and sel.pairs == sorted(sel.pairs)
+    assert sel.ties == 1
+    assert draw(0) == sel
+    assert {tuple(draw(s).pairs) for s in range(20)} != {tuple(sel.pairs)}  # other seeds draw other subsets
+    assert select_pairs(R, "random").pairs == ALL  # no cap: every pair
+
+
+def test_select_pairs_tolerance_and_all_tied():
+    # tolerance 1: |1 - 0| = 1 and |3 - 3| = 0 are ties; pairs left (1,0), (1,3), (2,0), (2,3)
+    assert select_pairs(R, "all", tie_tolerance=1.0) == PairSelection([(1, 0), (1, 3), (2, 0), (2, 3)], ties=2)
+    assert select_pairs(torch.tensor([2.0, 2.0, 2.0]), "reward_gap") == PairSelection([], ties=3)
+
+
+def test_select_pairs_rejects_bad_input():
+    with pytest.raises(ValueError, match="'best'"):
+        select_pairs(R, "best")
+    with pytest.raises(ValueError, match="pairs_per_prompt"):
+        select_pairs(R, "all", pairs_per_prompt=0)
+    with pytest.raises(ValueError, match="finite"):
+        select_pairs(torch.tensor([1.0, float("nan")]), "all")
+    with pytest.raises(ValueError, match=r"\(K,\)"):
+        select_pairs(R.view(2, 2), "all")
+
+
+AGES = torch.tensor([0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "mode,kwargs,expected",
+    [
+        ("current", {}, [1.0, 0.0, 0.0, 0.0]),
+        ("last_k", {"k": 2}, [1.0, 1.0, 0.0, 0.0]),  # ages 0 and 1 < 2
+        ("all", {}, [1.0, 1.0, 1.0, 1.0]),
+        ("decay", {"decay": 0.5}, [1.0, 0.5, 0.25, 0.125]),  # 0.5^0, 0.5^1, 0.5^2, 0.5^3
+    ],
+)
+def test_replay_weights(mode, kwargs, expected):
+    assert replay_weights(AGES, mode, **kwargs).tolist() == expected
+
+
+def test_replay_weights_reject_unknown_mode_and_missing_parameters():
+    with pytest.raises(ValueError, match="'newest'"):
+        replay_weights(AGES, "newest")
+    with pytest.raises(ValueError, match="last_k"):
+        replay_weights(AGES, "last_k")
+    with pytest.raises(ValueError, match="decay"):
+        replay_weights(AGES, "decay")
+    with pytest.raises(ValueError, match="ages"):
+        replay_weights(torch.tensor([-1]), "all")
+
+
+def test_split_roles_well_formed_and_reordered():
+    assert split_roles("<agent_1> def aux(): pass\n</agent_1>\n<agent_2>\nmain\n</agent_2>", 2) == (
+        ["def aux(): pass", "main"],
+        True,
+    )
+    assert split_roles("<agent_2>b</agent_2><agent_1>a</agent_1>", 2) == (["a", "b"], True)
+    assert split_roles("<agent_1></agent_1><agent_2> </agent_2>", 2) == (["", ""], True)  # empty roles parse
+
+
+def test_split_roles_ignores_text_outside_tags():
+    text = "Plan: split the work.\n<agent_1>a</agent_1>\nthen\n<agent_2>b</agent_2>\nDone."
+    assert split_roles(text, 2) == (["a", "b"], True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<agent_1>a</agent_1>",  # missing agent_2
+        "<agent_1>a</agent_1><agent_2>b</agent_2><agent_1>c</agent_1>",  # duplicated
+        "<agent_1>a</agent_1><agent_2>b",  # unclosed
+        "<agent_1>a<agent_2>b</agent_2></agent_1>",  # nested
+        "<agent_1>a</agent_2><agent_2>b</agent_1>",  # closes the other role
+        "<agent_1>a</agent_1></agent_1><agent_2>b</agent_2>",  # closed twice
+        "<agent_1>a</agent_1><agent_2>b</agent_2><agent_3>c</agent_3>",  # no role 3 in a team of 2
+        "<agent_01>a</agent_01><agent_2>b</agent_2>",  # not the spelling join_roles writes
+    ],
+)
+def test_split_roles_malformed(text):
+    assert split_roles(text, 2) == (["", ""], False)
+
+
+def test_join_roles_round_trip():
+    outputs = ["def aux(x):\n    return x + 1", "def main():\n    return aux(1)", "tests"]
+    text = join_roles(outputs)
+    assert text.startswith("<agent_1>def aux(x):") and text.endswith("<agent_3>tests</agent_3>")
+    assert split_roles(text, 3) == (outputs, True)
+    with pytest.raises(ValueError, match="agent 2"):
+        join_roles(["a", "b <agent_1> c"])
