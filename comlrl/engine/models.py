@@ -15,7 +15,6 @@ import socket
 import tempfile
 import threading
 import urllib.parse
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -223,22 +222,12 @@ def describe(source: Any) -> str:
     return str(source)
 
 
-_SHARED_BY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> agents it was given to at once
-
-
-def mark_shared(tokenizer: PreTrainedTokenizerBase, num_agents: int) -> None:
-    """Record that ``tokenizer`` (one object) serves ``num_agents`` agents, so :func:`check_vocab` can say so."""
-    if num_agents > 1:
-        _SHARED_BY[tokenizer] = num_agents
-    else:
-        _SHARED_BY.pop(tokenizer, None)
-
-
-def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agent: int) -> None:
+def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agent: int, shared_by: int = 1) -> None:
     """Fail when the tokenizer can emit ids the model's embedding table does not have.
 
-    The usual cause is one tokenizer passed for a team whose models have different vocabularies (marked by
-    :func:`mark_shared`); the message then asks for one tokenizer per agent rather than a resize.
+    ``shared_by``: how many agents were given this one tokenizer. The usual cause of a mismatch is one tokenizer
+    passed for a team whose models have different vocabularies; the message then asks for one tokenizer per agent
+    rather than a resize.
     """
     n_vocab, n_embed = len(tokenizer), model.get_input_embeddings().weight.shape[0]
     if n_vocab <= n_embed:
@@ -247,7 +236,7 @@ def check_vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, agen
         f"agent {agent}: the tokenizer has {n_vocab} tokens but agent {agent}'s model has a vocabulary of "
         f"{n_embed} (embedding rows), so token ids {n_embed}..{n_vocab - 1} have no embedding"
     )
-    shared = _SHARED_BY.get(tokenizer, 1)
+    shared = shared_by
     if shared > 1:
         names = ", ".join(f"tok_{i}" for i in range(shared)) if shared <= 4 else f"tok_0, ..., tok_{shared - 1}"
         raise ModelLoadError(

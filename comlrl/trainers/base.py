@@ -148,6 +148,8 @@ class MultiAgentTrainer:
         if peft_config is not None and self.args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
             models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
         tokenizers = build_tokenizers(tokenizer, sources, local)
+        # one tokenizer object given for the whole team: a vocabulary mismatch asks for one per agent
+        shared_by = self.num_agents if tokenizer is not None and not isinstance(tokenizer, (list, tuple)) else 1
         # every agent's formatter, also those on other ranks: prompts are built for the whole team
         self.formatters = formatters = build_formatters(formatters, self.num_agents)
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
@@ -164,7 +166,7 @@ class MultiAgentTrainer:
         self.agents = []
         for i, (m, adapter), tok in zip(local, wrapped, tokenizers):
             fmt, chat = formatters[i], chats[i]
-            check_vocab(m, tok, i)
+            check_vocab(m, tok, i, shared_by)
             if self.args.gradient_checkpointing and not getattr(m, "_comlrl_checkpointing", False):
                 m._comlrl_checkpointing = True
                 # transformers >= 5.x names it activation checkpointing (the old name warns); PEFT forwards both
@@ -326,7 +328,16 @@ class MultiAgentTrainer:
         if resuming:
             self.load_checkpoint(str(resume_from_checkpoint))
         if self.tracker is None:  # before training: a directory holding another run's metrics is refused here
-            self.tracker = self._make_tracker(resume=resuming or self.state["step"] > 0)
+            a = self.args
+            self.tracker = Tracker(
+                a.output_dir,
+                a.report_to,
+                config=a.to_dict(),
+                trainer=type(self).__name__,
+                overwrite=a.overwrite_output_dir,
+                resume=resuming or self.state["step"] > 0,
+            )
+            self._owns_tracker = True
         if self.state["step"] == 0:
             set_seed(self.args.seed)
         batches = self._batches()
@@ -347,9 +358,7 @@ class MultiAgentTrainer:
 
     def on_step_end(self, metrics: dict[str, Any]) -> None:
         """Hook after each step: evaluate, log metrics (metrics.jsonl + report_to sinks), checkpoint."""
-        step, a = metrics["step"], self.args
-        if self.tracker is None:
-            self.tracker = self._make_tracker(resume=step > 1)
+        step, a = metrics["step"], self.args  # train() has opened self.tracker
         if a.eval_steps and self.eval_dataset is not None and step % a.eval_steps == 0:
             metrics.update(self.evaluate())
             self.tracker.log_samples(self.last_eval_samples, step)
@@ -357,19 +366,6 @@ class MultiAgentTrainer:
             self.tracker.log(metrics, step)
         if a.save_steps and step % a.save_steps == 0:
             self.save_checkpoint()
-
-    def _make_tracker(self, resume: bool) -> Tracker:
-        """The run's metric sinks in ``output_dir``; ``resume``: continue the metrics already there."""
-        a = self.args
-        self._owns_tracker = True
-        return Tracker(
-            a.output_dir,
-            a.report_to,
-            config=a.to_dict(),
-            trainer=type(self).__name__,
-            overwrite=a.overwrite_output_dir,
-            resume=resume,
-        )
 
     def save_checkpoint(self, output_dir: str | None = None) -> Path:
         """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""

@@ -272,7 +272,8 @@ def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -
     """The child node after a joint action: each agent's next prompt from ``external_transition``.
 
     Contract of ``external_transition``: it is called with keyword arguments only, and only those it names (or all,
-    if it takes ``**kwargs``); parameters with other names must have defaults (else :func:`check_transition` fails):
+    if it takes ``**kwargs``); parameters with other names must have defaults (the trainer checks it at construction with
+    :func:`check_transition`):
 
     - ``prompt`` (str): agent 0's prompt of the turn just played;
     - ``prompts`` (list[str]): every agent's prompt of that turn;
@@ -291,7 +292,6 @@ def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -
     """
     if fn is None:
         raise TransitionError("num_turns > 1 needs external_transition= to build the next turn's prompts.")
-    check_transition(fn)
     n = len(answers)
     resp_hist = [h + [a] for h, a in zip(node.response_history, answers)]
     candidates = {

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
-from ..engine.models import copy_model, load_model, load_tokenizer, mark_shared
+from ..engine.models import copy_model, load_model, load_tokenizer
 from ..errors import ConfigError, FormatterError
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,6 @@ def build_tokenizers(
         toks = [load_tokenizer(tokenizer)] * len(idx)
     else:
         toks = [load_tokenizer(sources[i]) for i in idx]
-    for tok in toks:  # check_vocab then asks for one tokenizer per agent when a shared one does not fit a model
-        mark_shared(tok, n if tokenizer is not None and not isinstance(tokenizer, (list, tuple)) else 1)
     return toks
 
 
