@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -276,3 +278,24 @@ def test_join_roles_round_trip():
     assert split_roles(text, 3) == (outputs, True)
     with pytest.raises(ValueError, match="agent 2"):
         join_roles(["a", "b <agent_1> c"])
+
+
+def test_select_pairs_with_sides_pairs_only_across_teams() -> None:
+    # candidates 0, 1 from the team, 2, 3 from the comparator; rewards 3, 1, 2, 1
+    sel = select_pairs(torch.tensor([3.0, 1.0, 2.0, 1.0]), "all", sides=[0, 0, 1, 1])
+    # across pairs: (0,2) gap 1, (0,3) gap 2, (2,1) gap 1; (1,3) is a tie; (0,1) and (2,3) are within a side
+    assert sel.pairs == [(0, 2), (0, 3), (2, 1)]
+    assert sel.ties == 1
+    gap = select_pairs(torch.tensor([3.0, 1.0, 2.0, 1.0]), "reward_gap", pairs_per_prompt=2, sides=[0, 0, 1, 1])
+    assert gap.pairs == [(0, 3), (0, 2)]
+
+
+def test_team_dpo_loss_pair_weights_scale_each_pair() -> None:
+    # two pairs, one agent, reference-free: h = (1 - 0, 0 - 1) = (1, -1); beta 1
+    pc, pr = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    loss, m = team_dpo_loss(pc, pr, None, None, 1.0, reference_free=True, pair_weights=torch.tensor([1.0, 0.5]))
+    expected = (-math.log(1 / (1 + math.exp(-1))) * 1.0 + -math.log(1 / (1 + math.exp(1))) * 0.5) / 2
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert float(m["loss"]) == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="pair_weights"):
+        team_dpo_loss(pc, pr, None, None, 1.0, reference_free=True, pair_weights=torch.tensor([1.0]))

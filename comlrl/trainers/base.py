@@ -116,7 +116,7 @@ class MultiAgentTrainer:
             num_agents = self.args.num_agents
         elif num_agents is not None and self.args.num_agents not in (None, num_agents):
             raise ConfigError(f"num_agents={num_agents} disagrees with args.num_agents={self.args.num_agents}.")
-        if reward_func is None or not callable(reward_func):
+        if self.needs_reward_func() and (reward_func is None or not callable(reward_func)):
             raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
         if self.args.num_turns > 1 and external_transition is None:
             raise ConfigError(
@@ -181,12 +181,12 @@ class MultiAgentTrainer:
             self.agents.append(Agent(i, m, tok, fmt, chat, adapter=adapter, params=adapter_parameters(m, adapter)))
         self._check_dataset(train_dataset, "train_dataset")
         if train_dataset is not None:
-            check_batch_size(len(train_dataset), self.args.per_device_train_batch_size)
+            check_batch_size(len(train_dataset), self.rows_per_rollout)
         self.total_steps = math.ceil(self._epoch_rollouts() / self.args.gradient_accumulation_steps)  # optimizer steps
-        updates = self.total_steps * self.args.num_iterations
+        updates = self.total_steps * getattr(self.args, "num_iterations", 1)  # optimizer updates of the run
         for a in self.agents:
             a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
-            if self.args.beta > 0 and a.adapter is None:
+            if self.needs_reference() and a.adapter is None:
                 a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
         # step: optimizer steps taken (TRL's global step); rollouts: rollout batches sampled
         self.state = {"step": 0, "rollouts": 0, "epoch": 0, "batch_in_epoch": 0}
@@ -200,6 +200,19 @@ class MultiAgentTrainer:
     # ------------------------------------------------------------------ setup helpers
     def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
         """Hook: called with the loaded models before LoRA wrapping (critics copy their bases here)."""
+
+    def needs_reward_func(self) -> bool:
+        """Whether the trainer scores rollouts, so that ``reward_func`` is required."""
+        return True
+
+    def needs_reference(self) -> bool:
+        """Whether each agent needs a frozen reference (a copy of its initial model unless it is a LoRA adapter)."""
+        return self.args.beta > 0
+
+    @property
+    def rows_per_rollout(self) -> int:
+        """Dataset rows one training rollout takes."""
+        return self.args.per_device_train_batch_size
 
     def _check_args(self) -> None:
         if not isinstance(self.args, self.accepted_config):
@@ -237,7 +250,7 @@ class MultiAgentTrainer:
             return self.args.max_steps * self.args.gradient_accumulation_steps
         if self.train_dataset is None:
             return 0
-        per_epoch = math.ceil(len(self.train_dataset) / self.args.per_device_train_batch_size)
+        per_epoch = math.ceil(len(self.train_dataset) / self.rows_per_rollout)
         return int(math.ceil(per_epoch * self.args.num_train_epochs))
 
     def generation_settings(self, train: bool = True) -> GenerationSettings:
@@ -292,7 +305,7 @@ class MultiAgentTrainer:
     # ------------------------------------------------------------------ data
     def _batches(self) -> Iterator[tuple[list[dict], list[int]]]:
         """Rows of each step, resuming from ``self.state`` (epoch, batch_in_epoch); reshuffled per epoch (seeded)."""
-        n, bs = len(self.train_dataset), self.args.per_device_train_batch_size
+        n, bs = len(self.train_dataset), self.rows_per_rollout
         while True:
             epoch = self.state["epoch"]
             if self.args.shuffle:
@@ -350,7 +363,8 @@ class MultiAgentTrainer:
             self.history.append(metrics)
             self.on_step_end(metrics)
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+            if "reward/mean" in metrics:
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         bar.close()
         if self._owns_tracker:  # a tracker set from outside (the CLI's) is its owner's to close
             self.tracker.close()
@@ -733,6 +747,8 @@ class MultiAgentTrainer:
         dataset = next((d for d in (eval_dataset, dataset, self.eval_dataset) if d is not None), None)
         if dataset is None:
             raise ConfigError("evaluate() needs eval_dataset= (here or at construction).")
+        if self.eval_reward_func is None:
+            raise ConfigError("evaluate() scores the team's answers: pass eval_reward_func= (or reward_func=).")
         batch_size = batch_size or self.args.per_device_eval_batch_size
         settings = self.generation_settings(train=False)
         if do_sample is not None:

@@ -1,0 +1,496 @@
+"""Multi-agent DPO on the one loop: each optimizer step trains the team on preference pairs of joint answers.
+
+Online (``preferences='online'``), training runs in rounds of collect -> pair -> train: a round samples
+``num_generations`` joint candidates per prompt for ``prompts_per_round`` rows in one batched rollout (and as many
+from the comparator team), scores them with the team reward, keeps pairs by :func:`select_pairs`, stores them as a
+JSONL shard in ``<output_dir>/pairs/`` and takes ``steps_per_round`` optimizer steps over them and the replayed
+pairs of earlier rounds. Offline (``preferences='dataset'``), the pairs are a dataset's chosen / rejected columns.
+
+The loss (:func:`comlrl.algorithms.preference.team_dpo_loss`) reads each agent's summed log-probs of its part of
+both joint answers, over every completion token up to and including the stop token, at temperature 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..algorithms.preference import replay_weights, select_pairs, team_dpo_loss
+from ..config import MADPOConfig
+from ..engine.logprobs import completion_logprobs
+from ..engine.rollout import format_prompt, left_pad
+from ..engine.sampling import derive_seed
+from ..engine.team import active_adapter, reference_mode
+from ..errors import ConfigError
+from .base import MultiAgentTrainer
+from .episode import Episode
+from .setup import Agent, apply_formatter
+
+log = logging.getLogger(__name__)
+
+PAIRS_DIR = "pairs"
+ROUNDS_FILE = "rounds.jsonl"  # per round: the team's and the comparator's candidate rewards (report histograms)
+TEAM, COMPARATOR = 0, 1  # sides of a candidate
+
+
+def shard_path(output_dir: str | os.PathLike, round_index: int) -> Path:
+    """Where round ``round_index``'s pairs are stored."""
+    return Path(output_dir) / PAIRS_DIR / f"round-{round_index:05d}.jsonl"
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    """Write ``records`` one JSON object per line, atomically (a reader sees the old file or the whole new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _joint_answer(turns: list, k: int, m: int, c: int) -> tuple[list[str], list[list[int]], list[list[int]]]:
+    """Candidate c of node m (c < k: the team's, else the comparator's): each agent's text, prompt ids and completion
+    ids (the completion up to and including its stop token)."""
+    turn, row = turns[c // k], m * k + c % k
+    texts, prompt_ids, ids = [], [], []
+    for s in turn.samples:
+        texts.append(s.texts[row])
+        prompt_ids.append(s.prompt_ids[row][s.prompt_mask[row].bool()].tolist())
+        ids.append(s.completion_ids[row][s.completion_mask[row].bool()].tolist())
+    return texts, prompt_ids, ids
+
+
+def candidate_pairs(
+    episodes: list[Episode],
+    round_index: int,
+    mode: str,
+    pairs_per_prompt: int | None,
+    tie_tolerance: float,
+    seed: int,
+) -> tuple[list[dict], int]:
+    """Pair records of one round from its candidate episodes (the team's, then the comparator's, if any: the same
+    rows in the same order) and the number of dropped ties. Each record holds every agent's prompt, both joint
+    answers' texts and token ids, and their team rewards."""
+    first = [ep.turns[0] for ep in episodes]
+    k = first[0].rewards.shape[1]
+    sides = [side for side in range(len(first)) for _ in range(k)] if len(first) > 1 else None
+    records, ties = [], 0
+    for m, node in enumerate(first[0].nodes):
+        rewards = torch.cat([t.rewards[m] for t in first])
+        gen = torch.Generator().manual_seed(derive_seed(seed, "pairs", round_index, node.row_id))
+        sel = select_pairs(rewards, mode, pairs_per_prompt, gen, tie_tolerance, sides)
+        ties += sel.ties
+
+        for w, lo in sel.pairs:
+            (cw, pids, iw), (cl, _, il) = _joint_answer(first, k, m, w), _joint_answer(first, k, m, lo)
+            records.append(
+                {
+                    "round": round_index,
+                    "row": node.row_id,
+                    "prompts": list(node.prompts),
+                    "chosen": cw,
+                    "rejected": cl,
+                    "chosen_reward": float(rewards[w]),
+                    "rejected_reward": float(rewards[lo]),
+                    "chosen_side": w // k,
+                    "rejected_side": lo // k,
+                    "prompt_ids": pids,
+                    "chosen_ids": iw,
+                    "rejected_ids": il,
+                }
+            )
+    return records, ties
+
+
+def dataset_pairs(dataset: Any, formatters: list, chosen_column: str, rejected_column: str) -> list[dict]:
+    """Pair records (``row``, ``prompts``, ``chosen``, ``rejected``) of a dataset of labelled joint answers: each
+    agent's prompt from its formatter, the answers from the two columns (a list of one answer per agent in each)."""
+    n = len(formatters)
+    if dataset is None or len(dataset) == 0:
+        raise ConfigError("preferences='dataset': the preference dataset is empty or missing.")
+    columns = list(getattr(dataset, "column_names", None) or dataset[0].keys())
+    for col in (chosen_column, rejected_column):
+        if col not in columns:
+            raise ConfigError(
+                f"preferences='dataset' needs column '{col}' (a list of {n} answers, one per agent) in the "
+                f"dataset; its columns: {columns}. Set chosen_column / rejected_column to rename."
+            )
+    records = []
+    for r in range(len(dataset)):
+        row = dataset[r]
+        record: dict[str, Any] = {"round": 0, "row": r}
+        record["prompts"] = [apply_formatter(f, row, i, r, columns) for i, f in enumerate(formatters)]
+        for key, col in (("chosen", chosen_column), ("rejected", rejected_column)):
+            value = row[col]
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or len(value) != n:
+                raise ConfigError(
+                    f"dataset row {r}, column '{col}': expected a list of {n} answers (one per agent), got "
+                    f"{type(value).__name__} {str(value)[:80]!r}."
+                )
+            for i, text in enumerate(value):
+                if not isinstance(text, str):
+                    raise ConfigError(
+                        f"dataset row {r}, column '{col}', agent {i}: answers are strings, got {type(text).__name__}."
+                    )
+            record[key] = list(value)
+        records.append(record)
+    return records
+
+
+class MADPOTrainer(MultiAgentTrainer):
+    """Multi-agent DPO: the team learns the team's preference between joint answers, each agent its own part.
+
+    Arguments as :class:`~comlrl.trainers.base.MultiAgentTrainer`. ``reward_func`` scores the online candidates
+    (not needed with ``preferences='dataset'``, where ``train_dataset`` rows carry the chosen / rejected answers,
+    one per agent). evaluate() reports the team reward of greedy answers, as for every trainer.
+    Runs as one process (torchrun is not supported yet).
+    """
+
+    config_class = MADPOConfig
+    accepted_config = MADPOConfig
+    supports_distributed = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._pairs_by_round: dict[int, list[dict]] = {}  # online: round -> its pairs
+        self._round_metrics: dict[str, float] = {}
+        self._pool: list[tuple[dict, float]] = []  # this round's (pair, replay weight), in training order
+        self._pool_round: int | None = None
+        self._snapshots: dict[int, list[list[torch.Tensor]]] = {}  # round -> each agent's parameters at its start
+        super().__init__(*args, **kwargs)
+        if self.args.num_turns > 1:
+            raise ConfigError("MADPOTrainer trains single-turn pairs; num_turns must be 1.")
+        if self.online and self.args.max_steps > 0:
+            raise ConfigError(
+                "MADPOConfig.max_steps: online training runs num_rounds x steps_per_round optimizer steps; set those "
+                "instead (max_steps applies to preferences='dataset')."
+            )
+        self._offline = self._dataset_pairs(self.train_dataset) if not self.online and self.train_dataset else []
+
+    @property
+    def online(self) -> bool:
+        return self.args.preferences == "online"
+
+    def needs_reward_func(self) -> bool:
+        return self.args.preferences == "online"
+
+    def needs_reference(self) -> bool:
+        return not self.args.reference_free
+
+    @property
+    def rows_per_rollout(self) -> int:
+        return self.args.prompts_per_round if self.online else self.args.per_device_train_batch_size
+
+    def _epoch_rollouts(self) -> int:
+        """Micro-batches of the run: ``steps_per_round`` optimizer steps per round online, else the epochs (or
+        ``max_steps``) over the dataset's pairs."""
+        a = self.args
+        if self.online:
+            return a.num_rounds * a.steps_per_round * a.gradient_accumulation_steps
+        return super()._epoch_rollouts()
+
+    # ------------------------------------------------------------------ pairs from a dataset
+    def _dataset_pairs(self, dataset: Any) -> list[dict]:
+        """Pair records of a labelled dataset, tokenized as the rollout would (each answer ends with EOS)."""
+        a = self.args
+        records = dataset_pairs(dataset, self.formatters, a.chosen_column, a.rejected_column)
+        for record in records:
+            record.update(self._encode_pair(record))
+        return records
+
+    def _encode_pair(self, record: dict) -> dict:
+        """Token ids of a pair's prompts and answers for every agent, as a rollout would have made them."""
+        out: dict[str, list] = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": []}
+        for agent in self.agents:
+            tok, i = agent.tokenizer, agent.index
+            prompt = format_prompt(tok, record["prompts"][i], agent.chat)
+            if self.args.max_prompt_length:
+                prompt = prompt[-self.args.max_prompt_length :]
+            out["prompt_ids"].append(prompt)
+            for key in ("chosen", "rejected"):
+                out[f"{key}_ids"].append(
+                    tok(record[key][i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                )
+        return out
+
+    # ------------------------------------------------------------------ rounds
+    def training_step(self, batches: Iterator[tuple[list[dict], list[int]]]) -> dict[str, Any]:
+        """One optimizer step on ``gradient_accumulation_steps`` micro-batches of pairs; online, a round's first
+        step collects its candidates first."""
+        a, step = self.args, self.state["step"]
+        metrics: dict[str, Any] = {}
+        if self.online:
+            round_index, in_round = divmod(step, a.steps_per_round)
+            if self._pool_round != round_index:
+                metrics.update(self._start_round(round_index, in_round, batches))
+            metrics.update(self._round_metrics)
+            first = in_round * a.gradient_accumulation_steps
+        else:
+            if not self._pool:
+                self._pool = self._ordered(list(zip(self._offline, [1.0] * len(self._offline))), 0)
+            first = step * a.gradient_accumulation_steps
+        micro = [self._micro_batch(first + g) for g in range(a.gradient_accumulation_steps)]
+        if not self.online:  # the epochs' last step takes the micro-batches left over
+            micro = micro[: max(1, self.total_rollouts - first)]
+        start = time.perf_counter()
+        metrics.update(self.optimize_pairs(micro))
+        metrics["time/update"] = time.perf_counter() - start
+        return metrics
+
+    def _micro_batch(self, index: int) -> list[tuple[dict, float]]:
+        """Micro-batch ``index`` of the pool: the next per_device_train_batch_size pairs, wrapping around."""
+        bs, n = self.args.per_device_train_batch_size, len(self._pool)
+        return [self._pool[(index * bs + t) % n] for t in range(min(bs, n))]
+
+    def _ordered(self, pool: list[tuple[dict, float]], round_index: int) -> list[tuple[dict, float]]:
+        """The pool in this round's training order (a seeded shuffle, so a resumed run trains the same pairs)."""
+        if not self.args.shuffle:
+            return pool
+        gen = torch.Generator().manual_seed(derive_seed(self.args.seed, "pool", round_index))
+        return [pool[i] for i in torch.randperm(len(pool), generator=gen).tolist()]
+
+    def _start_round(self, round_index: int, in_round: int, batches: Iterator) -> dict[str, float]:
+        """Collect (or, resuming inside a round, reload) this round's pairs and build the replay pool."""
+        out_dir = Path(self.args.output_dir)
+        metrics: dict[str, float] = {}
+        if in_round == 0:
+            metrics = self.collect_round(round_index, batches)
+        for r in range(round_index + 1):
+            if r not in self._pairs_by_round and self._replayed(round_index, r):
+                path = shard_path(out_dir, r)
+                if not path.is_file():
+                    raise ConfigError(f"round {r}: its pairs shard {path} is missing, so this run cannot resume.")
+                self._pairs_by_round[r] = read_jsonl(path)
+        rounds = sorted(r for r in self._pairs_by_round if r <= round_index)
+        ages = torch.tensor([round_index - r for r in rounds], dtype=torch.long)
+        a = self.args
+        weights = replay_weights(ages, a.replay, a.replay_k, a.replay_decay).tolist() if rounds else []
+        pool = [(p, w) for r, w in zip(rounds, weights) if w > 0 for p in self._pairs_by_round[r]]
+        if not pool:
+            raise ConfigError(
+                f"round {round_index}: no preference pairs: every prompt's candidates tied (rewards within "
+                f"tie_tolerance={a.tie_tolerance}). Use a denser reward, more num_generations, a higher temperature, "
+                "or replay earlier rounds' pairs (replay='last_k' / 'all' / 'decay')."
+            )
+        self._pool, self._pool_round = self._ordered(pool, round_index), round_index
+        self._round_metrics["pairs/pool"] = float(len(pool))
+        self._round_metrics["round"] = float(round_index)
+        return metrics
+
+    def _replayed(self, round_index: int, r: int) -> bool:
+        ages = torch.tensor([round_index - r])
+        return bool(replay_weights(ages, self.args.replay, self.args.replay_k, self.args.replay_decay)[0] > 0)
+
+    @torch.no_grad()
+    def collect_round(self, round_index: int, batches: Iterator) -> dict[str, float]:
+        """Round ``round_index``'s candidates: one batched rollout of the team (and one of the comparator) over the
+        round's rows, scored and paired; the pairs go to a JSONL shard, the rewards to ``pairs/rounds.jsonl``."""
+        a = self.args
+        rows, ids = next(batches)
+        self._snapshot(round_index)
+        settings = self.generation_settings(train=True)
+        settings.logprobs = False
+        start = time.perf_counter()
+        episodes = [
+            self.rollout(rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index))
+        ]
+        if a.comparator != "current":
+            with self._comparator_weights(round_index):
+                episodes.append(
+                    self.rollout(
+                        rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index, 1)
+                    )
+                )
+        elapsed = time.perf_counter() - start
+        records, ties = candidate_pairs(
+            episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed
+        )
+        write_jsonl(shard_path(a.output_dir, round_index), records)
+        self._pairs_by_round[round_index] = records
+        team = episodes[0].turns[0].rewards.reshape(-1)
+        summary = {"round": round_index, "team_rewards": team.tolist()}
+        if len(episodes) > 1:
+            summary["comparator_rewards"] = episodes[1].turns[0].rewards.reshape(-1).tolist()
+        self._append_round_summary(summary)
+        metrics = self.episode_metrics(episodes[0])  # reward/*, completion lengths, time/generate, perf/*
+        tokens = sum(int(s.completion_mask.sum()) for ep in episodes for s in ep.turns[0].samples)
+        metrics["perf/rollout_tokens_per_s"] = tokens / max(sum(ep.timings["generate"] for ep in episodes), 1e-9)
+        metrics["time/collect"] = elapsed
+        if len(episodes) > 1:
+            metrics["comparator/reward/mean"] = float(episodes[1].turns[0].rewards.mean())
+        metrics["pairs/count"] = float(len(records))
+        metrics["pairs/ties"] = float(ties)
+        self._round_metrics = {k: v for k, v in metrics.items() if k.startswith(("reward/", "comparator/", "pairs/"))}
+        self._drop_old_rounds(round_index)
+        return metrics
+
+    def _round_seed(self, round_index: int, side: int = 0) -> int:
+        return derive_seed(self.args.seed, "candidates", round_index, side)
+
+    def _append_round_summary(self, summary: dict) -> None:
+        path = Path(self.args.output_dir) / PAIRS_DIR / ROUNDS_FILE
+        kept = [s for s in read_jsonl(path) if s["round"] < summary["round"]] if path.is_file() else []
+        write_jsonl(path, kept + [summary])  # a resumed round replaces its earlier line
+
+    def _drop_old_rounds(self, round_index: int) -> None:
+        """Forget in memory the rounds that replay no longer reads (their shards stay on disk)."""
+        for r in [r for r in self._pairs_by_round if not self._replayed(round_index, r)]:
+            del self._pairs_by_round[r]
+
+    # ------------------------------------------------------------------ the comparator team
+    def _comparator_round(self, round_index: int) -> int:
+        return 0 if self.args.comparator == "initial" else max(0, round_index - self.args.comparator_lag)
+
+    def _snapshot(self, round_index: int) -> None:
+        """Keep the team's trained parameters at the start of a round when a comparator will need them (in memory
+        and in ``pairs/team-round-<r>.pt``, so a resumed run has them)."""
+        if self.args.comparator == "current":
+            return
+        keep = (
+            {0}
+            if self.args.comparator == "initial"
+            else set(range(round_index - self.args.comparator_lag, round_index + 1))
+        )
+        params = [[p.detach().to("cpu", copy=True) for p in a.params] for a in self.agents]
+        self._snapshots[round_index] = params
+        if round_index in keep:
+            path = Path(self.args.output_dir) / PAIRS_DIR / f"team-round-{round_index:05d}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            torch.save(params, tmp)
+            os.replace(tmp, path)
+        for r in [r for r in self._snapshots if r not in keep]:
+            del self._snapshots[r]
+
+    @contextlib.contextmanager
+    def _comparator_weights(self, round_index: int) -> Iterator[None]:
+        """Inside the block every agent's trained parameters are the comparator team's; restored after."""
+        r = self._comparator_round(round_index)
+        if r not in self._snapshots:
+            path = Path(self.args.output_dir) / PAIRS_DIR / f"team-round-{r:05d}.pt"
+            if not path.is_file():
+                raise ConfigError(f"round {round_index}: the comparator team of round {r} ({path}) is missing.")
+            self._snapshots[r] = torch.load(path, map_location="cpu", weights_only=True)
+        backup = [[p.detach().clone() for p in a.params] for a in self.agents]
+        try:
+            for a, saved in zip(self.agents, self._snapshots[r]):
+                for p, q in zip(a.params, saved):
+                    p.data.copy_(q)
+            yield
+        finally:
+            for a, saved in zip(self.agents, backup):
+                for p, q in zip(a.params, saved):
+                    p.data.copy_(q)
+
+    # ------------------------------------------------------------------ the update
+    def optimize_pairs(self, micro: list[list[tuple[dict, float]]]) -> dict[str, float]:
+        """One optimizer step per agent over the micro-batches: each agent's gradient of the team DPO loss through
+        its own log-ratio term (the other agents' terms enter as values)."""
+        a = self.args
+        for agent in self.agents:
+            if not agent.model.training:
+                agent.model.train()
+            agent.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for batch in micro:
+            records = [p for p, _ in batch]
+            weights = torch.tensor([w for _, w in batch])
+            tensors = [self._pair_tensors(agent, records) for agent in self.agents]
+            ref_c, ref_r = self._reference_logps(records, tensors)
+            with torch.no_grad():
+                values = torch.stack([self._sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])  # (N, 2B)
+            b = len(records)
+            for i, (agent, t) in enumerate(zip(self.agents, tensors)):
+                # forward and backward with the agent's adapter active: PEFT freezes the inactive adapters
+                with active_adapter(agent.model, agent.adapter):
+                    live = torch.cat([values[:i], self._sequence_logps(agent, t, grad=True)[None], values[i + 1 :]])
+                    loss, m = team_dpo_loss(
+                        live[:, :b],
+                        live[:, b:],
+                        ref_c,
+                        ref_r,
+                        a.beta,
+                        a.loss_type,
+                        a.label_smoothing,
+                        a.reference_free,
+                        weights,
+                    )
+                    (loss / len(micro)).backward()
+            for key, value in m.items():
+                sums[key] = sums.get(key, 0) + value * b
+            sums["logps_chosen"] = sums.get("logps_chosen", 0) + values[:, :b].mean(dim=1) * b
+            sums["logps_rejected"] = sums.get("logps_rejected", 0) + values[:, b:].mean(dim=1) * b
+            count += b
+        metrics = {"loss": float(sums["loss"]) / count}
+        metrics["rewards/accuracies"] = float(sums["reward_accuracy"]) / count
+        metrics["rewards/margins"] = a.beta * float(sums["margin"]) / count
+        metrics["pairs/trained"] = float(count)
+        for i, agent in enumerate(self.agents):
+            pre = f"agent/{agent.index}/"
+            metrics[pre + "rewards/chosen"] = float(sums["chosen_rewards"][i]) / count
+            metrics[pre + "rewards/rejected"] = float(sums["rejected_rewards"][i]) / count
+            metrics[pre + "logps/chosen"] = float(sums["logps_chosen"][i]) / count
+            metrics[pre + "logps/rejected"] = float(sums["logps_rejected"][i]) / count
+            metrics[pre + "grad_norm"] = self._optimizer_step(agent)
+            metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
+        return metrics
+
+    def _pair_tensors(self, agent: Agent, records: list[dict]) -> list[torch.Tensor]:
+        """(prompt ids, prompt mask, completion ids, completion mask) of the agent's chosen answers, then its
+        rejected ones: 2B rows, prompts left-padded, completions right-padded."""
+        i, pad = agent.index, agent.tokenizer.pad_token_id
+        prompts = [r["prompt_ids"][i] for r in records] * 2
+        answers = [r["chosen_ids"][i] for r in records] + [r["rejected_ids"][i] for r in records]
+        p_ids, p_mask = left_pad(prompts, pad)
+        width = max(max(len(s) for s in answers), 1)
+        c_ids = torch.full((len(answers), width), pad, dtype=torch.long)
+        c_mask = torch.zeros_like(c_ids)
+        for k, s in enumerate(answers):
+            c_ids[k, : len(s)] = torch.tensor(s, dtype=torch.long)
+            c_mask[k, : len(s)] = 1
+        return [x.to(self.device) for x in (p_ids, p_mask, c_ids, c_mask)]
+
+    def _sequence_logps(self, agent: Agent, tensors: list[torch.Tensor], grad: bool = False) -> torch.Tensor:
+        """(2B,) summed log-probs of the rows' completions under the agent's current policy."""
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        with ctx, active_adapter(agent.model, agent.adapter), self.autocast():
+            return completion_logprobs(agent.model, *tensors).sum(dim=1)
+
+    def _reference_logps(
+        self, records: list[dict], tensors: list[list[torch.Tensor]]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(N, B) reference log-probs of the chosen and rejected answers, computed once per pair and kept in it."""
+        if self.args.reference_free:
+            return None, None
+        missing = [k for k, r in enumerate(records) if "ref_chosen" not in r]
+        if missing:
+            for agent, t in zip(self.agents, tensors):
+                model = agent.model if agent.adapter is not None else agent.ref_model
+                ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
+                with torch.no_grad(), ctx, self.autocast():
+                    logps = completion_logprobs(model, *t).sum(dim=1).tolist()
+                b = len(records)
+                for k in missing:
+                    r = records[k]
+                    r.setdefault("ref_chosen", [0.0] * self.num_agents)[agent.index] = logps[k]
+                    r.setdefault("ref_rejected", [0.0] * self.num_agents)[agent.index] = logps[b + k]
+        ref_c = torch.tensor([r["ref_chosen"] for r in records]).T.to(self.device)
+        ref_r = torch.tensor([r["ref_rejected"] for r in records]).T.to(self.device)
+        return ref_c, ref_r
+
+
+__all__ = ["MADPOConfig", "MADPOTrainer", "candidate_pairs", "shard_path"]

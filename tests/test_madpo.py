@@ -1,0 +1,225 @@
+"""MADPOTrainer on tiny models: online rounds, comparators, replay, labelled pairs, per-agent credit, resume."""
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig
+from tiny import tiny_model, tiny_tokenizer
+
+from comlrl.algorithms.preference import team_dpo_loss
+from comlrl.config import MADPOConfig
+from comlrl.errors import ConfigError
+from comlrl.trainers.preference import MADPOTrainer, read_jsonl, shard_path
+
+ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
+LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
+def length_reward(a, b):
+    return [float(len(b[0]) - len(a[0]))]
+
+
+def cfg(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path / "run"),
+        num_generations=3,
+        max_new_tokens=6,
+        num_rounds=2,
+        steps_per_round=2,
+        prompts_per_round=4,
+        per_device_train_batch_size=3,
+        learning_rate=1e-2,
+        logging_steps=0,
+        disable_tqdm=True,
+    )
+    base.update(kw)
+    return MADPOConfig(**base)
+
+
+def trainer(tmp_path, peft_config=None, reward_func=length_reward, rows=ROWS, **kw):
+    return MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=rows,
+        reward_func=reward_func,
+        args=cfg(tmp_path, **kw),
+        peft_config=peft_config,
+    )
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_online_rounds_store_pairs_and_train_every_agent(tmp_path, lora):
+    t = trainer(tmp_path, LORA if lora else None)
+    before = [[p.detach().clone() for p in a.params] for a in t.agents]
+    out = t.train()
+    hist = out["history"]
+    assert len(hist) == 4  # num_rounds x steps_per_round
+    for r in range(2):
+        records = read_jsonl(shard_path(tmp_path / "run", r))
+        assert records and all(rec["round"] == r for rec in records)
+        for rec in records:
+            assert rec["chosen_reward"] > rec["rejected_reward"]  # ties never paired
+            assert len(rec["chosen_ids"]) == len(rec["rejected_ids"]) == 2
+            assert rec["chosen"][0] == t.agents[0].tokenizer.decode(rec["chosen_ids"][0], skip_special_tokens=True)
+    first = hist[0]
+    for key in ("loss", "rewards/accuracies", "rewards/margins", "pairs/count", "pairs/ties", "reward/mean"):
+        assert key in first, key
+    assert "perf/rollout_tokens_per_s" in first and "perf/rollout_tokens_per_s" not in hist[1]  # collected once
+    assert 0.0 <= first["rewards/accuracies"] <= 1.0
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference at the first step: h = 0
+    for a, old in zip(t.agents, before):
+        assert any(not torch.equal(p, q) for p, q in zip(a.params, old)), f"agent {a.index} did not move"
+    summaries = read_jsonl(tmp_path / "run" / "pairs" / "rounds.jsonl")
+    assert [s["round"] for s in summaries] == [0, 1] and len(summaries[0]["team_rewards"]) == 4 * 3
+
+
+def test_each_agent_gradient_equals_the_joint_autograd_gradient(tmp_path):
+    """The trainer's two passes (others' terms as values) give each agent the gradient of the team loss through its
+    own term: the same as one autograd pass over both agents' live log-probs, taking agent i's part."""
+    t = trainer(tmp_path, num_rounds=1, steps_per_round=1, reference_free=False, beta=0.5)
+    grads = {}
+
+    def record(agent):
+        grads[agent.index] = [p.grad.detach().clone() for p in agent.params]
+        agent.optimizer.zero_grad(set_to_none=True)
+        return 0.0
+
+    t._optimizer_step = record
+    t.train()
+    batch = t._micro_batch(0)
+    records = [p for p, _ in batch]
+    tensors = [t._pair_tensors(a, records) for a in t.agents]
+    ref_c, ref_r = t._reference_logps(records, tensors)
+    for a in t.agents:
+        a.model.zero_grad(set_to_none=True)
+    logps = torch.stack([t._sequence_logps(a, x, grad=True) for a, x in zip(t.agents, tensors)])
+    b = len(records)
+    # the plain team loss on h (no per-agent split): d loss / d theta_i is the same as agent i's own-term gradient
+    h = (logps[:, :b] - ref_c - logps[:, b:] + ref_r).sum(dim=0)
+    (-torch.nn.functional.logsigmoid(0.5 * h)).mean().backward()
+    for a in t.agents:
+        for p, g in zip(a.params, grads[a.index]):
+            torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+    # the per-agent form is the same gradient
+    loss, _ = team_dpo_loss(logps[:, :b].detach(), logps[:, b:].detach(), ref_c, ref_r, 0.5)
+    assert torch.isfinite(loss)
+
+
+def test_initial_comparator_pairs_across_teams_and_history_snapshots(tmp_path):
+    t = trainer(tmp_path, comparator="history", comparator_lag=1, num_rounds=3, replay="decay", replay_decay=0.5)
+    t.train()
+    for r in range(3):
+        for rec in read_jsonl(shard_path(tmp_path / "run", r)):
+            assert rec["chosen_side"] != rec["rejected_side"]
+    assert (tmp_path / "run" / "pairs" / "team-round-00001.pt").is_file()
+    summaries = read_jsonl(tmp_path / "run" / "pairs" / "rounds.jsonl")
+    assert all(len(s["comparator_rewards"]) == len(s["team_rewards"]) for s in summaries)
+    # round 2's pool: rounds 0, 1, 2 with weights 0.25, 0.5, 1
+    weights = sorted({w for _, w in t._pool})
+    assert weights == [0.25, 0.5, 1.0]
+
+
+def test_initial_comparator_generates_with_the_starting_weights(tmp_path):
+    t = trainer(tmp_path, comparator="initial", num_rounds=2, steps_per_round=1)
+    start = [[p.detach().clone() for p in a.params] for a in t.agents]
+    seen = []
+    original = t.rollout
+
+    def rollout(*args, **kwargs):
+        seen.append([torch.equal(t.agents[0].params[0], start[0][0])])
+        return original(*args, **kwargs)
+
+    t.rollout = rollout
+    t.train()
+    # round 0: team (initial) and comparator (initial); round 1: team (trained), comparator (initial weights)
+    assert [s[0] for s in seen] == [True, True, False, True]
+    assert not torch.equal(t.agents[0].params[0], start[0][0])  # restored to the trained weights after
+
+
+def test_all_tied_candidates_name_the_round(tmp_path):
+    t = trainer(tmp_path, reward_func=lambda a, b: [1.0])
+    with pytest.raises(ConfigError, match="round 0: no preference pairs"):
+        t.train()
+
+
+def test_resume_inside_a_round_matches_the_uninterrupted_run(tmp_path):
+    whole = trainer(tmp_path / "a", save_steps=1, save_total_limit=None)
+    full = whole.train()["history"]
+    resumed = trainer(tmp_path / "b")
+    resumed.args.output_dir = str(tmp_path / "a" / "run")
+    resumed.args.overwrite_output_dir = True
+    out = resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "run" / "checkpoint-1"))["history"]
+    assert [h["loss"] for h in out] == pytest.approx([h["loss"] for h in full], rel=1e-5)
+    for a, b in zip(whole.agents, resumed.agents):
+        for p, q in zip(a.params, b.params):
+            torch.testing.assert_close(p, q)
+
+
+def labelled(n=8):
+    return [
+        {"prompt": f"Task {i}", "chosen": ["yes yes", "ok ok"], "rejected": ["zq", "qz"]} for i in range(n)
+    ]
+
+
+def test_labelled_pairs_train_without_a_reward(tmp_path):
+    t = MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=labelled(),
+        args=cfg(tmp_path, preferences="dataset", num_train_epochs=6, per_device_train_batch_size=4, beta=1.0),
+    )
+    hist = t.train()["history"]
+    assert len(hist) == 12  # 6 epochs x 8 pairs / 4
+    assert hist[0]["rewards/accuracies"] == 0.0  # h = 0 exactly at the reference
+    assert hist[-1]["rewards/accuracies"] == 1.0 and hist[-1]["loss"] < hist[0]["loss"] - 0.3
+    # every answer ends with the stop token, which is scored
+    rec = t._offline[0]
+    assert rec["chosen_ids"][0][-1] == t.agents[0].tokenizer.eos_token_id
+
+
+def test_stop_token_scored_when_pad_is_eos(tmp_path):
+    tok = tiny_tokenizer(pad_is_eos=True)
+    t = MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tok,
+        train_dataset=labelled(2),
+        args=cfg(tmp_path, preferences="dataset", per_device_train_batch_size=2),
+    )
+    tensors = t._pair_tensors(t.agents[0], t._offline[:2])
+    ids, mask = tensors[2], tensors[3]
+    last = mask.sum(dim=1) - 1
+    assert (ids[torch.arange(len(ids)), last] == tok.eos_token_id).all() and (mask.sum(dim=1) > 1).all()
+
+
+def test_labelled_pairs_bad_input_names_column_and_row(tmp_path):
+    def make(rows):
+        return MADPOTrainer(
+            model=tiny_model(),
+            num_agents=2,
+            tokenizer=tiny_tokenizer(),
+            train_dataset=rows,
+            args=cfg(tmp_path, preferences="dataset", per_device_train_batch_size=2),
+        )
+
+    with pytest.raises(ConfigError, match="column 'rejected'"):
+        make([{"prompt": "p", "chosen": ["a", "b"]}] * 2)
+    rows = labelled(3)
+    rows[2] = dict(rows[2], chosen=["only one"])
+    with pytest.raises(ConfigError, match="row 2, column 'chosen'"):
+        make(rows)
+    with pytest.raises(ConfigError, match="reward_func= is required"):
+        MADPOTrainer(model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS, args=cfg(tmp_path))
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="comparator"):
+        MADPOConfig(comparator="past")
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        MADPOConfig(loss_type="ipo", label_smoothing=0.1)
+    with pytest.raises(ConfigError, match="num_generations"):
+        MADPOConfig(num_generations=1)
+    assert json.loads(json.dumps(MADPOConfig().to_dict()))["beta"] == 0.1
