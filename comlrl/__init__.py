@@ -25,6 +25,9 @@ _EXPORTS = {
         "MAREMAXTrainer",
     ),
     "comlrl.trainers.actor_critic": ("IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"),
+    "comlrl.trainers.centralized": ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"),
+    "comlrl.trainers.preference": ("MADPOConfig", "MADPOTrainer"),
+    "comlrl.trainers.marlhf": ("MARLHFConfig", "MARLHFTrainer"),
     "comlrl.errors": ("ComlrlError", "ConfigError"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -4,7 +4,7 @@
     comlrl train CONFIG --set training.max_steps=4 --set model=./my-model
     comlrl train CONFIG --set output_dir=runs/a --resume      # continue a killed run from its newest checkpoint
     comlrl eval RUN_DIR [--checkpoint N]                     # the run's trained models -> RUN_DIR/eval_final.json
-    comlrl eval CONFIG [--baseline single|parallel|sequential|discussion ...]   # the config's model, untrained
+    comlrl eval CONFIG [--baseline single|parallel|sequential|discussion|centralized ...]  # config's model, untrained
     comlrl report RUN_DIR                                     # plots + report.md from a run directory
     comlrl envs                                               # the environments, their options and defaults
 
@@ -27,7 +27,7 @@ from .errors import ComlrlError
 
 log = logging.getLogger("comlrl.cli")
 
-BASELINES = ("single", "parallel", "sequential", "discussion")
+BASELINES = ("single", "parallel", "sequential", "discussion", "centralized")
 
 
 # --- building a run from a config ------------------------------------------------------------------
@@ -279,7 +279,8 @@ def open_evaluation(
     run = None
     if target.is_dir():
         cfg = runconfig.load_config(_run_config(target), overrides)
-        run = trained_models(target, step, cfg.team_size)
+        # a trainer's num_models: the model folders it saves whatever the team's size (the centralized baseline: 1)
+        run = trained_models(target, step, getattr(cfg.algo.trainer_class(), "num_models", None) or cfg.team_size)
     elif step is not None:
         raise ComlrlError(f"--checkpoint {step} needs a run directory (written by comlrl train), not {target}.")
     elif not target.exists():
@@ -521,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         choices=BASELINES,
         default=[],
-        help="single, parallel, sequential or discussion (repeatable).",
+        help="single, parallel, sequential, discussion or centralized (agent 0 answers every role in "
+        "<agent_i> tags) (repeatable).",
     )
     p.add_argument("--set", **setting)
     p.add_argument("--output", help="Also write the results as JSON to this file.")

@@ -532,3 +532,221 @@ class MAACConfig(ActorCriticConfig):
                 "MAACConfig.use_separate_critic=False: a centralized critic reads every agent's "
                 "prompt, so it cannot live on one actor's backbone; use a separate critic."
             )
+
+
+PREFERENCE_SOURCES = ("online", "dataset")
+PAIR_SELECTIONS = ("reward_gap", "all", "random")
+COMPARATORS = ("current", "initial", "history")
+REPLAY_MODES = ("current", "last_k", "all", "decay")
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+
+
+@config_class
+class PreferenceConfig(TrainConfig):
+    """How preference pairs are made: K team candidates per prompt scored by the team reward, or a dataset's
+    chosen / rejected columns (shared by MADPO and MARLHF)."""
+
+    num_agents: int | None = help_field(None, "Optional check: must equal the trainer's number of agents when set.")
+    preferences: str = help_field(
+        "online",
+        "'online': each round, num_generations joint candidates per prompt from the team (one batched rollout), "
+        "scored by reward_func and paired; 'dataset': labelled pairs from train_dataset's chosen_column / "
+        "rejected_column (one answer per agent in each), no reward_func needed.",
+    )
+    chosen_column: str = help_field("chosen", "Dataset column of the preferred joint answer: a list, one per agent.")
+    rejected_column: str = help_field("rejected", "Dataset column of the other joint answer: a list, one per agent.")
+    pair_selection: str = help_field(
+        "reward_gap",
+        f"Which candidate pairs to keep per prompt: one of {PAIR_SELECTIONS} (largest reward gaps first, every pair, "
+        "a random subset); candidates whose rewards differ by at most tie_tolerance are ties and never paired.",
+    )
+    pairs_per_prompt: int | None = help_field(2, "At most this many pairs per prompt (None = every untied pair).")
+    tie_tolerance: float = help_field(0.0, "Rewards this close are a tie (dropped, counted in pairs/ties).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        for field_name, valid in (("preferences", PREFERENCE_SOURCES), ("pair_selection", PAIR_SELECTIONS)):
+            value = getattr(self, field_name)
+            if value not in valid:
+                raise ConfigError(
+                    f"{name}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
+                )
+        if self.pairs_per_prompt is not None and self.pairs_per_prompt < 1:
+            raise ConfigError(f"{name}.pairs_per_prompt={self.pairs_per_prompt}: must be >= 1 (or None).")
+        if self.tie_tolerance < 0:
+            raise ConfigError(f"{name}.tie_tolerance={self.tie_tolerance}: must be >= 0.")
+        if self.preferences == "online" and self.num_generations < 2:
+            raise ConfigError(
+                f"{name}.num_generations={self.num_generations}: online preferences compare at least 2 candidates "
+                "per prompt."
+            )
+
+
+@config_class
+class MADPOConfig(PreferenceConfig):
+    """Multi-agent DPO: the team's summed log-ratio margin on preference pairs, each agent credited through its own
+    term (:func:`comlrl.algorithms.preference.team_dpo_loss`), in rounds of collect -> pair -> train.
+
+    Differs from TRL's DPOConfig where the team makes it so: per_device_train_batch_size counts pairs (as in TRL),
+    and a round's candidates come from the team itself (online), not from a fixed dataset, unless
+    preferences='dataset'. Log-probs are summed over every completion token up to and including the stop token,
+    at temperature 1 (the candidates are sampled at ``temperature``).
+    """
+
+    per_device_train_batch_size: int = help_field(
+        4, "Preference pairs per micro-batch (TRL's DPO meaning); gradient_accumulation_steps micro-batches per step."
+    )
+    beta: float = help_field(0.1, "DPO's beta: the scale of the implied reward beta * log(pi / ref) (TRL's default).")
+    loss_type: str = help_field(
+        "sigmoid", f"One of {DPO_LOSS_TYPES}: DPO's -log sigmoid(beta h) or IPO's (h - 1/(2 beta))^2 (TRL's names)."
+    )
+    label_smoothing: float = help_field(
+        0.0, "Conservative DPO: the label is wrong with this probability (sigmoid loss only), as TRL's option."
+    )
+    reference_free: bool = help_field(
+        False,
+        "Take the reference log-probs as 0 (the reference library's form); default: a frozen reference per agent "
+        "(the initial model, or the LoRA base with adapters off).",
+    )
+    num_rounds: int = help_field(1, "Online rounds of collect -> pair -> train, each with the current team.")
+    prompts_per_round: int = help_field(8, "Dataset rows whose candidates one round collects (one batched rollout).")
+    steps_per_round: int = help_field(4, "Optimizer steps per round over the round's pairs (and replayed ones).")
+    comparator: str = help_field(
+        "current",
+        f"Where the other side of a pair comes from: one of {COMPARATORS}. 'current': all num_generations candidates "
+        "from the team; 'initial': num_generations from the team and as many from a frozen copy of the starting "
+        "team, pairs only across the two; 'history': the same with the team of comparator_lag rounds back.",
+    )
+    comparator_lag: int = help_field(1, "comparator='history': how many rounds back the comparator team is.")
+    replay: str = help_field(
+        "current",
+        f"Which stored pairs a round trains on: one of {REPLAY_MODES}: this round's, the last replay_k rounds', "
+        "all, or all weighted by replay_decay ** age (age in rounds).",
+    )
+    replay_k: int = help_field(2, "replay='last_k': rounds of pairs kept (1 = 'current').")
+    replay_decay: float = help_field(0.5, "replay='decay': weight per round of age, in (0, 1].")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        for field_name, valid in (("loss_type", DPO_LOSS_TYPES), ("comparator", COMPARATORS), ("replay", REPLAY_MODES)):
+            value = getattr(self, field_name)
+            if value not in valid:
+                raise ConfigError(
+                    f"{name}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
+                )
+        checks = [
+            (self.beta > 0, "beta", "must be > 0"),
+            (0.0 <= self.label_smoothing < 0.5, "label_smoothing", "must be in [0, 0.5)"),
+            (self.label_smoothing == 0 or self.loss_type == "sigmoid", "label_smoothing", "applies to sigmoid only"),
+            (self.num_rounds >= 1, "num_rounds", "must be >= 1"),
+            (self.prompts_per_round >= 1, "prompts_per_round", "must be >= 1"),
+            (self.steps_per_round >= 1, "steps_per_round", "must be >= 1"),
+            (self.comparator_lag >= 1, "comparator_lag", "must be >= 1"),
+            (self.replay_k >= 1, "replay_k", "must be >= 1"),
+            (0.0 < self.replay_decay <= 1.0, "replay_decay", "must be in (0, 1]"),
+        ]
+        for ok, field_name, why in checks:
+            if not ok:
+                raise ConfigError(f"{name}.{field_name}={getattr(self, field_name)!r}: {why}.")
+
+
+REWARD_MODEL_TRAINING = ("lora", "head", "full")
+
+
+@config_class
+class MARLHFConfig(PreferenceConfig):
+    """Multi-agent RLHF in three stages: preference pairs (online from the team and the task reward, or a dataset),
+    a joint reward model trained on them (Bradley-Terry), then RL of the team against the frozen reward model.
+
+    The run settings (max_steps, learning_rate, num_generations, ...) are stage 3's; rl_args holds the fields
+    of the RL algorithm's own config (e.g. advantage_mode, beta, critic_type).
+    """
+
+    rl_algorithm: str = help_field("magrpo", "Stage 3's algorithm: magrpo, mareinforce, marloo, maremax, iac or maac.")
+    rl_args: dict = help_field({}, "Fields of the stage 3 algorithm's config that are not TrainConfig's.")
+    preference_prompts: int = help_field(16, "Stage 1: dataset rows whose candidates are collected and paired.")
+    candidates_per_prompt: int = help_field(4, "Stage 1: joint candidates per prompt (K).")
+    reward_model: str | None = help_field(
+        None, "Stage 2: backbone source of the reward model (None = the first agent's model source)."
+    )
+    reward_model_training: str = help_field(
+        "lora",
+        f"Stage 2: one of {REWARD_MODEL_TRAINING}: LoRA adapters on the backbone and the head, the head only "
+        "(frozen features), or every weight.",
+    )
+    reward_model_learning_rate: float = help_field(1e-4, "Stage 2: AdamW learning rate.")
+    reward_model_epochs: int = help_field(3, "Stage 2: passes over the training pairs.")
+    reward_model_batch_size: int = help_field(8, "Stage 2: pairs per optimizer step.")
+    reward_model_eval_fraction: float = help_field(
+        0.2, "Stage 2: share of the pairs held out (by prompt) for the held-out pair accuracy."
+    )
+    reward_model_max_length: int = help_field(1024, "Stage 2: the reward model reads the last N tokens of its input.")
+    task_reward_weight: float = help_field(
+        0.0, "Stage 3: team reward = reward model score + task_reward_weight x the task reward (0: the model only)."
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.reward_model_training not in REWARD_MODEL_TRAINING:
+            raise ConfigError(
+                f"{name}.reward_model_training={self.reward_model_training!r}: must be one of {REWARD_MODEL_TRAINING}."
+            )
+        checks = [
+            (self.preference_prompts >= 1, "preference_prompts", "must be >= 1"),
+            (self.candidates_per_prompt >= 2, "candidates_per_prompt", "must be >= 2 (a pair needs two)"),
+            (self.reward_model_learning_rate > 0, "reward_model_learning_rate", "must be > 0"),
+            (self.reward_model_epochs >= 1, "reward_model_epochs", "must be >= 1"),
+            (self.reward_model_batch_size >= 1, "reward_model_batch_size", "must be >= 1"),
+            (0.0 < self.reward_model_eval_fraction < 1.0, "reward_model_eval_fraction", "must be in (0, 1)"),
+            (self.reward_model_max_length >= 8, "reward_model_max_length", "must be >= 8"),
+        ]
+        for ok, field_name, why in checks:
+            if not ok:
+                raise ConfigError(f"{name}.{field_name}={getattr(self, field_name)!r}: {why}.")
+
+
+from .algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt  # noqa: E402  (appended section)
+
+
+@config_class
+class CentralizedMAGRPOConfig(MAGRPOConfig):
+    """The centralized baseline (:class:`comlrl.trainers.centralized.CentralizedMAGRPOTrainer`): MAGRPO with one
+    model that writes every role's answer in one completion, ``<agent_1>...</agent_1> ... <agent_N>...</agent_N>``.
+
+    ``num_agents`` is the team's number of roles here, as in the decentralized team's config (an alias of
+    ``num_roles``); the trainer holds one model.
+    """
+
+    num_roles: int | None = help_field(
+        None,
+        "The team's roles N, each answered inside its <agent_i> tags (default: num_agents, else the number of "
+        "formatters given, else 2).",
+    )
+    centralized_template: str = help_field(
+        CENTRALIZED_TEMPLATE,
+        "The one model's prompt, a str.format template: {roles} (every role's prompt under an [Agent i] heading), "
+        "{format} (the <agent_i>...</agent_i> skeleton to answer in) and {num_roles}; literal braces as {{ }}.",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.num_roles is not None and self.num_roles < 1:
+            raise ConfigError(f"{name}.num_roles={self.num_roles}: must be >= 1 (or None).")
+        if self.num_roles is not None and self.num_agents not in (None, self.num_roles):
+            raise ConfigError(
+                f"{name}: num_agents={self.num_agents} disagrees with num_roles={self.num_roles} (here both count "
+                "the team's roles; set one)."
+            )
+        if "{roles}" not in self.centralized_template:
+            raise ConfigError(f"{name}.centralized_template must contain {{roles}}, where the role prompts go.")
+        try:
+            centralized_prompt(["a", "b"], self.centralized_template)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"{name}.centralized_template: {type(exc).__name__} {exc} (its fields are {{roles}}, {{format}} and "
+                "{num_roles}; write literal braces as {{ and }})."
+            ) from exc

@@ -8,6 +8,7 @@
     report/levels.png    the mean score of each reward level per step (smoothed)
     report/length.png    each agent's mean completion length in tokens
     report/loss.png      each agent's policy loss (and KL to the reference when beta > 0)
+    report/rounds.png    preference rounds (MADPO, MARLHF): each round's candidate rewards, team vs comparator
     report.md            the summary, linking the plots
 """
 
@@ -131,6 +132,48 @@ def plot_loss(rows: list[dict], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_rounds(path: Path, out: Path, max_panels: int = 8) -> Path | None:
+    """Histograms of each preference round's candidate team rewards, the team's beside the comparator's (at most
+    ``max_panels`` rounds, evenly spaced, always the first and the last)."""
+    if not path.is_file():
+        return None
+    rounds = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rounds:
+        return None
+    if len(rounds) > max_panels:
+        picks = sorted({round(i * (len(rounds) - 1) / (max_panels - 1)) for i in range(max_panels)})
+        rounds = [rounds[i] for i in picks]
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    values = [v for r in rounds for key in ("team_rewards", "comparator_rewards") for v in r.get(key, [])]
+    lo, hi = min(values), max(values)
+    bins = 12 if hi > lo else 1
+    cols = min(4, len(rounds))
+    rows_n = math.ceil(len(rounds) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=FIGSIZE, dpi=DPI, squeeze=False, sharex=True)
+    for ax, r in zip(axes.flat, rounds):
+        ax.hist(r["team_rewards"], bins=bins, range=(lo, hi or lo + 1), alpha=0.6, label="team", color="tab:blue")
+        if r.get("comparator_rewards"):
+            ax.hist(
+                r["comparator_rewards"],
+                bins=bins,
+                range=(lo, hi or lo + 1),
+                alpha=0.6,
+                label="comparator",
+                color="tab:orange",
+            )
+        ax.set_title(f"round {r['round']}", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(rounds) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("Candidate team rewards per round", fontsize=10)
+    return _save(fig, out)
+
+
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -169,6 +212,7 @@ def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, 
             rows, _keys(rows, "agent/", "/completion/mean_length"), out / "length.png", "Completion length", "tokens"
         ),
         plot_loss(rows, out / "loss.png"),
+        plot_rounds(run_dir / "pairs" / "rounds.jsonl", out / "rounds.png"),
     ]
     plots = [p for p in plots if p is not None]
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}

@@ -6,7 +6,8 @@ nearest valid name), and build the algorithm's trainer config so invalid setting
 model is loaded. Schema (every key optional except ``env.name``)::
 
     name: quickstart              # run name; the run directory is runs/<name>-<timestamp> unless output_dir is set
-    algorithm: magrpo             # a key of ALGORITHMS: magrpo, mareinforce, marloo, maremax, iac, maac
+    algorithm: magrpo             # a key of ALGORITHMS: magrpo, mareinforce, marloo, maremax, iac, maac,
+                                  # centralized_magrpo (the centralized baseline), madpo, marlhf
     output_dir: null              # run directory (relative to the working directory)
     resume: false                 # true / auto: continue from the newest complete checkpoint
     env:
@@ -112,6 +113,24 @@ register_algorithm(
     "comlrl.config:MAACConfig",
     "multi-agent actor-critic: one centralized critic",
 )
+register_algorithm(
+    "centralized_magrpo",
+    "comlrl.trainers.centralized:CentralizedMAGRPOTrainer",
+    "comlrl.config:CentralizedMAGRPOConfig",
+    "centralized baseline: one model writes every role's answer in <agent_i> tags (MAGRPO on the joint answer)",
+)
+register_algorithm(
+    "madpo",
+    "comlrl.trainers.preference:MADPOTrainer",
+    "comlrl.config:MADPOConfig",
+    "multi-agent DPO: online rounds of team candidates -> preference pairs -> per-agent DPO",
+)
+register_algorithm(
+    "marlhf",
+    "comlrl.trainers.marlhf:MARLHFTrainer",
+    "comlrl.config:MARLHFConfig",
+    "multi-agent RLHF: preference pairs -> joint reward model -> RL against it",
+)
 
 
 def _import(path: str) -> Any:
@@ -166,7 +185,10 @@ class RunConfig:
     """A whole run: algorithm, environment, data, team, LoRA, trainer settings, evaluation, report."""
 
     name: str = help_field("run", "Run name; the run directory is runs/<name>-<timestamp> unless output_dir is set.")
-    algorithm: str = help_field("magrpo", "One of ALGORITHMS (magrpo, mareinforce, marloo, maremax, iac, maac).")
+    algorithm: str = help_field(
+        "magrpo",
+        "One of ALGORITHMS (magrpo, mareinforce, marloo, maremax, iac, maac, centralized_magrpo, madpo, marlhf).",
+    )
     output_dir: str | None = help_field(None, "Run directory (relative to the working directory).")
     resume: bool = help_field(False, "Continue from the newest complete checkpoint in the run directory (true / auto).")
     env: EnvSection = help_field(None, "The environment.")

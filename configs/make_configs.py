@@ -15,6 +15,9 @@ ALGORITHMS = {
     "maremax": "group-max baseline (MAREMAX)",
     "iac": "independent actor-critic, a value critic per agent (IAC)",
     "maac": "multi-agent actor-critic, one centralized critic (MAAC)",
+    "centralized_magrpo": "one model writes every role's answer in <agent_i> tags, MAGRPO on it (centralized baseline)",
+    "madpo": "multi-agent DPO in online rounds of collect -> pair -> train (MADPO)",
+    "marlhf": "preference pairs -> joint reward model -> MAGRPO against it (MARLHF)",
 }
 
 ENVS = {
@@ -101,6 +104,54 @@ CRITIC = {
 }
 
 
+# Preference trainers: a LoRA team (one adapter per agent on a shared frozen base, which is also the DPO
+# reference) and their own training sections.
+LORA = "lora: {r: 8, lora_alpha: 16, target_modules: [q_proj, k_proj, v_proj, o_proj]}\n"
+TRAINING = {
+    "madpo": """training:
+  seed: 42
+  learning_rate: 5.0e-4
+  beta: 0.1
+  num_rounds: 20
+  prompts_per_round: 8
+  num_generations: 4        # candidates per prompt
+  pair_selection: reward_gap
+  pairs_per_prompt: 2
+  steps_per_round: 4
+  per_device_train_batch_size: 4   # pairs per micro-batch
+  comparator: current
+  replay: current
+  max_new_tokens: {max_new_tokens}
+  temperature: 0.8
+  apply_chat_template: true
+  logging_steps: 1
+  eval_steps: 20
+  save_steps: 20
+  save_total_limit: 2
+""",
+    "marlhf": """training:
+  seed: 42
+  preference_prompts: 32
+  candidates_per_prompt: 4
+  reward_model_training: lora
+  reward_model_epochs: 3
+  task_reward_weight: 0.0   # stage 3 reward: the learned model only
+  rl_algorithm: magrpo
+  learning_rate: 1.0e-5
+  per_device_train_batch_size: 2
+  num_generations: 4
+  max_new_tokens: {max_new_tokens}
+  temperature: 0.8
+  apply_chat_template: true
+  max_steps: 200
+  logging_steps: 1
+  eval_steps: 50
+  save_steps: 50
+  save_total_limit: 2
+""",
+}
+
+
 def data_section(source=None, split=None, limit=None, eval_split="holdout", eval_limit=8, **_) -> str:
     """The body of one env's `data:` section."""
     lines = [
@@ -135,6 +186,12 @@ def main() -> None:
             )
             if algorithm in CRITIC:
                 text += CRITIC[algorithm]
+            if algorithm == "centralized_magrpo":  # one completion holds every role's answer
+                text = text.replace(
+                    f"max_new_tokens: {spec['max_new_tokens']}", f"max_new_tokens: {2 * spec['max_new_tokens']}"
+                )
+            if algorithm in TRAINING:
+                text = text[: text.index("training:")] + LORA + TRAINING[algorithm].format(**spec)
             (here / f"{env}_{algorithm}.yaml").write_text(text)
 
 

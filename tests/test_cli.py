@@ -2,6 +2,7 @@
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import types
@@ -20,7 +21,7 @@ from comlrl.tracking import Tracker, read_metrics
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval")
-ALGOS = ("magrpo", "mareinforce", "marloo", "maremax", "iac", "maac")
+ALGOS = ("magrpo", "mareinforce", "marloo", "maremax", "iac", "maac", "centralized_magrpo", "madpo", "marlhf")
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +39,11 @@ def test_every_example_config_loads_and_validates():
     for path in files:
         cfg = runconfig.load_config(path)
         if path.stem != "quickstart":
-            env, algo = path.stem.split("_")
+            env, algo = path.stem.split("_", 1)
             assert (cfg.env.name, cfg.algorithm) == (env, algo)
         args = cfg.trainer_config()
-        assert args.num_generations >= 2 and args.max_steps > 0
+        assert args.num_generations >= 2
+        assert args.max_steps > 0 or args.num_rounds * args.steps_per_round > 0  # MADPO counts rounds
         raw = (yaml.safe_load(path.read_text()).get("data") or {}).get("source")
         if raw and raw.startswith("../"):  # resolved against configs/, not the working directory
             assert cfg.data.source == str((CONFIGS / raw).resolve())
@@ -259,3 +261,41 @@ def test_report_to_sinks_are_optional(tmp_path, monkeypatch, caplog):
     tracker.close()
     with pytest.raises(ConfigError, match="Did you mean 'wandb'"):
         Tracker(tmp_path, ["wandbb"])
+
+
+@pytest.mark.parametrize(
+    "algorithm, training",
+    [
+        ("madpo", {"max_steps": -1, "num_rounds": 2, "steps_per_round": 1, "prompts_per_round": 4, "save_steps": 1}),
+        (
+            "marlhf",
+            {
+                "preference_prompts": 6,
+                "candidates_per_prompt": 3,
+                "reward_model_training": "full",
+                "reward_model_epochs": 1,
+                "max_steps": 2,
+                "save_steps": 1,
+            },
+        ),
+    ],
+)
+def test_preference_algorithms_train_resume_and_report_from_the_cli(tiny_dir, tmp_path, capsys, algorithm, training):
+    with toy_env.registered():
+        rows = toy_env.write_rows(tmp_path / "rows.jsonl")
+        cfg = toy_env.write_config(tmp_path / "toy.yaml", rows, tiny_dir, **training)
+        run = tmp_path / "run"
+        sets = ["--set", f"algorithm={algorithm}", "--set", f"output_dir={run}", "--set", "report=true"]
+        assert main(["train", cfg, *sets]) == 0
+        assert (run / "pairs" / "round-00000.jsonl").is_file() and (run / "report.md").is_file()
+        assert (run / "report" / "rounds.png").is_file()  # candidate reward histograms per round
+        steps = [r["step"] for r in read_metrics(run)]
+        assert steps == [1, 2]
+        # resume from the step-1 checkpoint: the run's pairs (and the reward model) are read back, not re-made
+        for name in ("checkpoint-2",):
+            shutil.rmtree(run / name)
+        assert main(["train", cfg, *sets, "--resume"]) == 0
+        assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    if algorithm == "marlhf":
+        assert (run / "reward_model" / "reward_model.json").is_file()
+        assert (run / "final" / "reward_model" / "head.safetensors").is_file()

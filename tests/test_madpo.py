@@ -158,9 +158,7 @@ def test_resume_inside_a_round_matches_the_uninterrupted_run(tmp_path):
 
 
 def labelled(n=8):
-    return [
-        {"prompt": f"Task {i}", "chosen": ["yes yes", "ok ok"], "rejected": ["zq", "qz"]} for i in range(n)
-    ]
+    return [{"prompt": f"Task {i}", "chosen": ["yes yes", "ok ok"], "rejected": ["zq", "qz"]} for i in range(n)]
 
 
 def test_labelled_pairs_train_without_a_reward(tmp_path):
@@ -212,7 +210,9 @@ def test_labelled_pairs_bad_input_names_column_and_row(tmp_path):
     with pytest.raises(ConfigError, match="row 2, column 'chosen'"):
         make(rows)
     with pytest.raises(ConfigError, match="reward_func= is required"):
-        MADPOTrainer(model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS, args=cfg(tmp_path))
+        MADPOTrainer(
+            model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS, args=cfg(tmp_path)
+        )
 
 
 def test_config_checks():

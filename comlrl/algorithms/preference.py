@@ -11,7 +11,7 @@ log-probs they are given).
 * :func:`select_pairs`: which (chosen, rejected) pairs to build from one prompt's K scored team candidates.
 * :func:`replay_weights`: how much pairs stored in earlier rounds of iterative training still count.
 * :func:`split_roles`, :func:`join_roles`: the ``<agent_i>...</agent_i>`` tags of centralized training, where one
-  model writes the whole team's answer.
+  model writes the whole team's answer; :func:`centralized_prompt`: that model's prompt, asking for those tags.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ def team_dpo_loss(
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
     reference_free: bool = False,
+    pair_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Multi-agent DPO on the team's implied reward margin, each agent credited through its own term.
 
@@ -95,6 +96,8 @@ def team_dpo_loss(
     Agent i's loss is the pair loss of h_i (:func:`agent_margins`), averaged over the P pairs; the returned loss is
     the sum over agents, so d loss / d pc_i[p] = (1/P) d l(h_p) / d h_p, e.g. -beta sigmoid(-beta h_p) / P for
     sigmoid. Its *value* is N times the team's loss (each agent's copy counts once); metrics["loss"] is the team's.
+    ``pair_weights`` (P,) >= 0 (replayed pairs, :func:`replay_weights`): pair p's loss counts w_p times in the mean
+    over the P pairs (not renormalized, so old pairs weigh less than new ones in the same batch and across batches).
 
     Returns (loss, metrics), metrics detached: ``loss`` (mean pair loss of h), ``reward_accuracy`` (fraction of
     pairs with h > 0), ``margin`` (mean h; the reward margin is beta * margin), ``chosen_rewards`` and
@@ -113,11 +116,14 @@ def team_dpo_loss(
         raise ValueError("no preference pairs (P = 0)")
     h_agents, h = agent_margins(policy_chosen, policy_rejected, ref_chosen, ref_rejected, reference_free)
     loss_fn = DPO_LOSSES[loss_type]
-    agent_loss = loss_fn(h_agents, beta, label_smoothing).mean(dim=1)  # (N,)
+    w = torch.ones_like(h) if pair_weights is None else pair_weights.to(h)
+    if w.shape != h.shape or (w < 0).any():
+        raise ValueError(f"pair_weights must be (P,) = {tuple(h.shape)} and >= 0, got {w.tolist()}")
+    agent_loss = (loss_fn(h_agents, beta, label_smoothing) * w).mean(dim=1)  # (N,)
     chosen = policy_chosen.detach() if reference_free else (policy_chosen - ref_chosen).detach()
     rejected = policy_rejected.detach() if reference_free else (policy_rejected - ref_rejected).detach()
     metrics = {
-        "loss": loss_fn(h, beta, label_smoothing).mean(),
+        "loss": (loss_fn(h, beta, label_smoothing) * w).mean(),
         "reward_accuracy": (h > 0).float().mean(),
         "margin": h.mean(),
         "chosen_rewards": beta * chosen.mean(dim=1),
@@ -161,6 +167,7 @@ def select_pairs(
     pairs_per_prompt: int | None = None,
     generator: torch.Generator | None = None,
     tie_tolerance: float = 0.0,
+    sides: list[int] | None = None,
 ) -> PairSelection:
     """Preference pairs from one prompt's K team candidates, ``rewards`` (K,).
 
@@ -168,7 +175,8 @@ def select_pairs(
     with |r_i - r_j| <= tie_tolerance are a tie, never paired, and counted once in ``ties``.
     ``mode``: 'all': every candidate, ordered by (i, j); 'reward_gap': largest gap first, ties of gaps broken by
     (i, j); 'random': a uniform random subset (torch.randperm with ``generator``), ordered by (i, j).
-    At most ``pairs_per_prompt`` pairs are kept (None: all).
+    At most ``pairs_per_prompt`` pairs are kept (None: all). ``sides`` (K,): which team made each candidate (the
+    team being trained and a comparator): only candidates of different sides are paired or counted as ties.
     """
     if mode not in PAIR_MODES:
         raise ValueError(f"unknown pair selection mode '{mode}'; valid: {', '.join(PAIR_MODES)}")
@@ -182,8 +190,12 @@ def select_pairs(
         raise ValueError(f"tie_tolerance must be >= 0, got {tie_tolerance}")
     r = rewards.tolist()
     k = len(r)
-    ties = sum(1 for i in range(k) for j in range(i + 1, k) if abs(r[i] - r[j]) <= tie_tolerance)
-    pairs = [(i, j) for i in range(k) for j in range(k) if r[i] - r[j] > tie_tolerance]  # ordered by (i, j)
+    if sides is not None and len(sides) != k:
+        raise ValueError(f"sides must give one side per candidate ({k}), got {len(sides)}")
+    side = sides or list(range(k))  # no sides: every candidate its own, so every pair is across
+    ties = sum(1 for i in range(k) for j in range(i + 1, k) if side[i] != side[j] and abs(r[i] - r[j]) <= tie_tolerance)
+    # ordered by (i, j)
+    pairs = [(i, j) for i in range(k) for j in range(k) if side[i] != side[j] and r[i] - r[j] > tie_tolerance]
     cap = len(pairs) if pairs_per_prompt is None else min(pairs_per_prompt, len(pairs))
     if mode == "reward_gap":
         pairs = sorted(pairs, key=lambda p: (-(r[p[0]] - r[p[1]]), p))[:cap]
@@ -270,3 +282,27 @@ def join_roles(outputs: list[str]) -> str:
         if _ROLE_TAG.search(out):
             raise ValueError(f"output of agent {i + 1} contains a role tag: {out!r}")
     return "\n".join(f"<agent_{i + 1}>{out}</agent_{i + 1}>" for i, out in enumerate(outputs))
+
+
+CENTRALIZED_TEMPLATE = (
+    "You write the answers of a team of {num_roles} agents, all in one reply. Each agent has its own instructions:"
+    "\n\n{roles}\n\n"
+    "Write every agent's answer inside that agent's tags, in this format:\n\n{format}\n\n"
+    "Put each answer only inside its own tags, and nothing else inside them."
+)
+
+
+def centralized_prompt(role_prompts: list[str], template: str = CENTRALIZED_TEMPLATE) -> str:
+    """One model's prompt for the whole team of ``len(role_prompts)`` roles: ``template`` with its fields filled in.
+
+    Fields (``str.format``; write literal braces in a template as ``{{`` and ``}}``): ``{roles}``, each role's prompt
+    under an ``[Agent i]`` heading (1-based, as the tags); ``{format}``, the ``<agent_i>...</agent_i>`` skeleton the
+    answer must follow (:func:`split_roles` reads it back); ``{num_roles}``. The default explains the tag format.
+    """
+    if not role_prompts:
+        raise ValueError("centralized_prompt needs at least one role prompt")
+    roles = "\n\n".join(f"[Agent {i + 1}]\n{p.strip()}" for i, p in enumerate(role_prompts))
+    skeleton = "\n".join(
+        f"<agent_{i + 1}>\n(agent {i + 1}'s answer)\n</agent_{i + 1}>" for i in range(len(role_prompts))
+    )
+    return template.format(num_roles=len(role_prompts), roles=roles, format=skeleton)

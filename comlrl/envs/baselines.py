@@ -9,6 +9,10 @@
 * ``sequential``: a pipeline; agent k's prompt also shows the answers of agents 0..k-1.
 * ``discussion``: one round; agents answer in parallel, then each sees the others' first answers and
   revises its own; the revisions are scored.
+* ``centralized``: agent 0 alone answers every agent's prompt at once, each answer in ``<agent_i>...</agent_i>``
+  tags (:func:`comlrl.algorithms.preference.centralized_prompt`); the tags are split into the roles
+  (:func:`~comlrl.algorithms.preference.split_roles`), a reply that does not parse scores N empty answers and counts
+  in ``centralized/parse_failure_rate``. The untrained counterpart of ``CentralizedMAGRPOTrainer``.
 
 ``run_baseline`` returns the environment's evaluation metrics (``reward/mean``, per-level means,
 ``pass@1`` for code, ...) plus ``tokens/per_task`` (tokens generated per task, over all calls;
@@ -20,11 +24,12 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from ..algorithms.preference import centralized_prompt, split_roles
 from .base import Env
 
 Generate = Callable[[int, list[str]], list[str]]
-MODES = ("single", "parallel", "sequential", "discussion")
-_FIRST_COLUMNS = ("reward/mean", "pass@1", "aux/usage_rate")
+MODES = ("single", "parallel", "sequential", "discussion", "centralized")
+_FIRST_COLUMNS = ("reward/mean", "pass@1", "aux/usage_rate", "centralized/parse_failure_rate")
 
 
 class _Generator:
@@ -34,6 +39,7 @@ class _Generator:
         self.generate = generate
         self.count = count_tokens or (lambda text: len(text.split()))
         self.tokens = 0
+        self.metrics: dict[str, float] = {}  # a mode's own metrics, added to the result
 
     def __call__(self, agent: int, prompts: list[str]) -> list[str]:
         out = list(self.generate(agent, prompts))
@@ -106,11 +112,25 @@ def _single(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
     return [[parts[i] for parts in split] for i in range(env.num_agents)]
 
 
+def _centralized(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
+    n = env.num_agents
+    prompts = [centralized_prompt(list(role_prompts)) for role_prompts in zip(*_formatted(env, rows))]
+    split = [split_roles(answer, n) for answer in gen(0, prompts)]
+    gen.metrics["centralized/parse_failure_rate"] = sum(not ok for _, ok in split) / len(split)
+    return [[outputs[i] for outputs, _ in split] for i in range(n)]
+
+
 def run_baseline(
     env: Env, mode: str, generate: Generate, rows: Sequence[dict], *, count_tokens: Callable[[str], int] | None = None
 ) -> dict[str, float]:
     """Run baseline ``mode`` on ``rows`` and return ``env.evaluate`` metrics + ``tokens/per_task``, ``num_tasks``."""
-    runners = {"single": _single, "parallel": _parallel, "sequential": _sequential, "discussion": _discussion}
+    runners = {
+        "single": _single,
+        "parallel": _parallel,
+        "sequential": _sequential,
+        "discussion": _discussion,
+        "centralized": _centralized,
+    }
     if mode not in runners:
         raise ValueError(f"unknown baseline mode '{mode}'; choose one of {', '.join(MODES)}.")
     rows = [dict(r) for r in rows]
@@ -119,6 +139,7 @@ def run_baseline(
     gen = _Generator(generate, count_tokens)
     per_agent = runners[mode](env, gen, rows)
     metrics = env.evaluate(per_agent, rows)
+    metrics.update(gen.metrics)
     metrics["tokens/per_task"] = gen.tokens / len(rows)
     metrics["num_tasks"] = float(len(rows))
     return metrics
@@ -127,8 +148,8 @@ def run_baseline(
 def format_table(results: dict[str, dict[str, float]], columns: Sequence[str] | None = None) -> str:
     """A markdown table: one row per result (e.g. per mode), one column per metric.
 
-    Default columns: ``reward/mean``, ``pass@1``, ``aux/usage_rate`` (when present), the ``level/*``
-    metrics, then ``tokens/per_task``.
+    Default columns: ``reward/mean``, ``pass@1``, ``aux/usage_rate``, ``centralized/parse_failure_rate`` (when
+    present), the ``level/*`` metrics, then ``tokens/per_task``.
     """
     if not results:
         return ""

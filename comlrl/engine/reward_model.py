@@ -1,0 +1,562 @@
+"""The joint reward model of multi-agent RLHF (stage 2): r(prompts, answers) for a whole team's joint answer.
+
+A :class:`JointRewardModel` is a :class:`~comlrl.engine.critic.ValueModel` (causal-LM backbone, scalar head read at
+the last token of a left-padded batch) that reads :func:`~comlrl.engine.critic.joint_action_text` (every agent's
+prompt and answer, labelled) followed by the tokenizer's EOS. It is trained with the Bradley-Terry loss on preference
+pairs and then scores rollouts as a batched reward function (:class:`RewardModelReward`).
+
+Pair records (written by the MADPO trainer, read here)::
+
+    {"row": int, "prompts": [str per agent], "chosen": [str per agent], "rejected": [str per agent], ...}
+
+Shapes: N agents, M joint actions, P pairs. ``prompts[i][j]``, ``answers[i][j]``: agent i's prompt / answer in joint
+action j (the layout of :mod:`comlrl.engine.rewards`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import unicodedata
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..algorithms.preference import bradley_terry_loss, pair_accuracy
+from ..errors import ConfigError, RewardError
+from .critic import ValueModel, encode_texts, joint_action_text
+from .models import load_model, load_tokenizer, unwrap_peft
+from .rewards import compute_rewards
+from .sampling import seeded
+from .team import wrap_lora
+
+TRAINING_MODES = ("lora", "head", "full")
+PAIR_KEYS = ("row", "prompts", "chosen", "rejected")
+FORMAT = 1
+META_FILE = "reward_model.json"
+HEAD_FILE = "head.safetensors"
+
+# Attention projections to put LoRA adapters on, by model family; the first group whose names all exist is used.
+_ATTENTION_TARGETS: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "v_proj"),  # Llama, Mistral, Qwen, SmolLM, OPT, GPT-J
+    ("qkv_proj",),  # Phi-3
+    ("query_key_value",),  # GPT-NeoX, Falcon, BLOOM
+    ("Wqkv",),  # MPT, ModernBERT
+    ("c_attn",),  # GPT-2 (a Conv1D: weights stored transposed)
+    ("query", "value"),
+)
+
+
+class JointRewardModel(ValueModel):
+    """A scalar score of a team's joint answer: a causal-LM backbone with a linear head.
+
+    ``mode``: 'lora' (adapters on the attention projections and the head train), 'head' (the backbone is frozen and
+    detached) or 'full' (every weight trains). Inputs are left-padded, so the head reads each text's last real token,
+    which :func:`joint_texts` makes the EOS token.
+    """
+
+    def __init__(self, backbone: Any, mode: str = "full") -> None:
+        if mode not in TRAINING_MODES:
+            raise ConfigError(f"reward model training='{mode}' is unknown; valid: {', '.join(TRAINING_MODES)}.")
+        super().__init__(backbone, detach_backbone=mode == "head")
+        self.mode = mode
+
+
+def joint_texts(tokenizer: PreTrainedTokenizerBase, prompts: list[list[str]], answers: list[list[str]]) -> list[str]:
+    """The reward model's input per joint action: ``joint_action_text`` of every agent's prompt and answer, then EOS.
+
+    Why EOS: without it the last token is the last character of agent N's answer (or the label's newline when that
+    answer is empty), so the head would read a different token type in every text; a fixed end token gives it one
+    summary position that has attended to the whole joint answer. ``encode_texts`` keeps the *last* tokens when it
+    truncates, so the EOS survives truncation (the start of the prompts is what is dropped).
+    """
+    n = len(prompts)
+    if n == 0 or len(answers) != n:
+        raise ConfigError(f"need one prompt list and one answer list per agent, got {n} and {len(answers)}.")
+    m = len(answers[0])
+    for what, lists in (("prompts", prompts), ("answers", answers)):
+        for i, values in enumerate(lists):
+            if len(values) != m:
+                raise ConfigError(f"{what} of agent {i + 1} has {len(values)} entries for {m} joint action(s).")
+    end = tokenizer.eos_token or ""
+    return [joint_action_text([p[j] for p in prompts], [a[j] for a in answers]) + end for j in range(m)]
+
+
+def attention_targets(model: torch.nn.Module) -> tuple[list[str] | str, bool]:
+    """LoRA ``target_modules`` for a model's attention projections, and whether they store weights transposed
+    (``fan_in_fan_out``, GPT-2's Conv1D); 'all-linear' when no known attention names are found."""
+    names: dict[str, str] = {}
+    for full_name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+            names.setdefault(full_name.rsplit(".", 1)[-1], type(module).__name__)
+    for group in _ATTENTION_TARGETS:
+        if all(name in names for name in group):
+            return list(group), any(names[name] == "Conv1D" for name in group)
+    return "all-linear", False
+
+
+def build_reward_model(
+    source: str | PreTrainedModel,
+    tokenizer: str | PreTrainedTokenizerBase | None = None,
+    training: str = "lora",
+    lora_r: int = 8,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> tuple[JointRewardModel, PreTrainedTokenizerBase]:
+    """A fresh reward model on the backbone ``source`` (anything :func:`load_model` takes; a loaded model is copied,
+    so the caller's model is untouched) and its tokenizer (``tokenizer``, else the source's; a pad token is set when
+    missing). The head and the LoRA adapters are initialized under ``seed``."""
+    if training not in TRAINING_MODES:
+        raise ConfigError(f"reward model training='{training}' is unknown; valid: {', '.join(TRAINING_MODES)}.")
+    if training == "lora" and lora_r < 1:
+        raise ConfigError(f"reward model lora_r must be >= 1, got {lora_r}.")
+    tok = load_tokenizer(tokenizer if tokenizer is not None else source)
+    backbone = copy.deepcopy(source) if isinstance(source, PreTrainedModel) else load_model(source)
+    with seeded(seed):
+        if training == "lora":
+            from peft import LoraConfig
+
+            targets, transposed = attention_targets(backbone)
+            config = LoraConfig(
+                r=lora_r,
+                lora_alpha=2 * lora_r,
+                lora_dropout=0.0,
+                target_modules=targets,
+                fan_in_fan_out=transposed,
+                task_type="CAUSAL_LM",
+            )
+            backbone = wrap_lora(backbone, config)  # freezes the base, adapters trainable
+        elif training == "head":
+            backbone.requires_grad_(False)
+        else:
+            backbone.requires_grad_(True)
+        model = JointRewardModel(backbone, training)
+    return model.to(device), tok
+
+
+def _clean(text: str) -> str:
+    """What a round trip must keep: the text without whitespace, NFKC-normalized (decoders add or drop spaces)."""
+    return "".join(unicodedata.normalize("NFKC", text).split())
+
+
+def _quote(text: str, start: int, width: int = 40) -> str:
+    lo = max(0, start - width // 4)
+    piece = text[lo : lo + width]
+    return ("..." if lo > 0 else "") + repr(piece)[1:-1] + ("..." if lo + width < len(text) else "")
+
+
+def _unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
+    """Why ``tokenizer`` cannot read ``text`` (an unknown-token piece, or characters lost in a round trip), or None."""
+    unk = tokenizer.unk_token_id
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=unk is not None)
+    except NotImplementedError:  # slow tokenizers give no offsets
+        enc = tokenizer(text, add_special_tokens=False)
+    ids = enc["input_ids"]
+    if unk is not None and unk in ids:
+        offsets = enc.get("offset_mapping")
+        if offsets is not None:
+            for tid, (a, b) in zip(ids, offsets):
+                if tid == unk and text[a:b] != tokenizer.unk_token:  # a literal unk string in the text is fine
+                    return f"'{_quote(text, a)}' encodes to the unknown token {tokenizer.unk_token!r} at {text[a:b]!r}"
+        elif tokenizer.unk_token not in text:
+            return f"'{_quote(text, 0)}' encodes to the unknown token {tokenizer.unk_token!r}"
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    want, got = _clean(text), _clean(decoded)
+    if want != got:
+        at = next((k for k, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
+        # back to a position in the text: the at-th non-whitespace character (exact unless NFKC changed lengths)
+        seen = [k for k, ch in enumerate(text) if not ch.isspace()]
+        where = seen[at] if at < len(seen) else len(text)
+        return (
+            f"decoding its tokens loses characters near '{_quote(text, where)}' (decoded: '{_quote(decoded, where)}')"
+        )
+    return None
+
+
+def check_readable(tokenizer: PreTrainedTokenizerBase, texts_per_agent: list[list[str]], what: str = "agent") -> None:
+    """Raise ConfigError naming ``{what} {i}`` (1-based) and quoting the text when the tokenizer cannot read one of
+    agent i's texts: it encodes to the unknown token, or decoding its tokens loses non-whitespace characters."""
+    for i, texts in enumerate(texts_per_agent):
+        if isinstance(texts, str):
+            raise ConfigError(f"{what} {i + 1}: expected a list of texts, got one string {_quote(texts, 0)!r}.")
+        for j, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ConfigError(f"{what} {i + 1}: text {j} is {type(text).__name__}, not a str.")
+            why = _unreadable(tokenizer, text)
+            if why is not None:
+                raise ConfigError(
+                    f"{what} {i + 1}: the reward model's tokenizer ({type(tokenizer).__name__}) cannot read text {j}: "
+                    f"{why}. Use a reward model whose tokenizer covers the agents' text (e.g. the agents' own model)."
+                )
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _forward(
+    model: JointRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[str]],
+    answers: list[list[str]],
+    max_length: int,
+) -> torch.Tensor:
+    ids, mask = encode_texts(tokenizer, joint_texts(tokenizer, prompts, answers), max_length)
+    dev = _device(model)
+    return model(ids.to(dev), mask.to(dev))
+
+
+def score_joint(
+    model: JointRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[str]],
+    answers: list[list[str]],
+    batch_size: int = 16,
+    max_length: int = 1024,
+) -> torch.Tensor:
+    """Reward of each joint action, (M,) float on the CPU; ``prompts[i][j]``, ``answers[i][j]``: agent i's prompt and
+    answer in joint action j. No gradients; the model is left in eval mode."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
+    m = len(answers[0]) if answers else 0
+    joint_texts(tokenizer, prompts, answers)  # the shape checks, before any forward
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for lo in range(0, m, batch_size):
+            sl = slice(lo, lo + batch_size)
+            out.append(_forward(model, tokenizer, [p[sl] for p in prompts], [a[sl] for a in answers], max_length))
+    return torch.cat(out).float().cpu() if out else torch.empty(0)
+
+
+def check_pairs(pairs: Sequence[dict], num_agents: int | None = None, what: str = "pairs") -> int:
+    """The number of agents N of well-formed pair records; ConfigError naming the pair index and key otherwise."""
+    if not pairs:
+        raise ConfigError(f"{what} is empty: the reward model needs at least one preference pair.")
+    for p, pair in enumerate(pairs):
+        if not isinstance(pair, dict):
+            raise ConfigError(f"{what}[{p}] is {type(pair).__name__}, not a dict with keys {list(PAIR_KEYS)}.")
+        for key in PAIR_KEYS:
+            if key not in pair:
+                raise ConfigError(f"{what}[{p}] has no key '{key}' (keys: {sorted(pair)}; needed: {list(PAIR_KEYS)}).")
+        for key in PAIR_KEYS[1:]:
+            values = pair[key]
+            if isinstance(values, str) or not isinstance(values, (list, tuple)):
+                raise ConfigError(f"{what}[{p}]['{key}'] must be a list with one str per agent, got {values!r:.80}.")
+            if num_agents is None:
+                num_agents = len(values)
+                if num_agents < 1:
+                    raise ConfigError(f"{what}[{p}]['{key}'] is empty: it needs one str per agent.")
+            if len(values) != num_agents:
+                raise ConfigError(
+                    f"{what}[{p}]['{key}'] has {len(values)} entries, expected one per agent ({num_agents})."
+                )
+            for i, v in enumerate(values):
+                if not isinstance(v, str):
+                    raise ConfigError(f"{what}[{p}]['{key}'][{i}] (agent {i + 1}) is {type(v).__name__}, not a str.")
+    assert num_agents is not None
+    return num_agents
+
+
+def _pair_scores(
+    model: JointRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: Sequence[dict],
+    num_agents: int,
+    max_length: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores (B,), (B,) of a batch of pairs, in one forward of both sides."""
+    prompts = [[pair["prompts"][i] for pair in batch] * 2 for i in range(num_agents)]
+    answers = [
+        [pair["chosen"][i] for pair in batch] + [pair["rejected"][i] for pair in batch] for i in range(num_agents)
+    ]
+    scores = _forward(model, tokenizer, prompts, answers, max_length)
+    return scores[: len(batch)], scores[len(batch) :]
+
+
+def _score_pairs(
+    model: JointRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[dict],
+    num_agents: int,
+    batch_size: int,
+    max_length: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    def side(key: str) -> torch.Tensor:
+        prompts = [[pair["prompts"][i] for pair in pairs] for i in range(num_agents)]
+        answers = [[pair[key][i] for pair in pairs] for i in range(num_agents)]
+        return score_joint(model, tokenizer, prompts, answers, batch_size, max_length)
+
+    return side("chosen"), side("rejected")
+
+
+def train_reward_model(
+    model: JointRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[dict],
+    eval_pairs: Sequence[dict] | None,
+    *,
+    epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    max_length: int,
+    seed: int,
+    max_grad_norm: float | None = 1.0,
+    disable_tqdm: bool = False,
+) -> dict[str, float]:
+    """Fit the reward model to preference pairs with the Bradley-Terry loss (AdamW on its trainable parameters, the
+    pairs reshuffled every epoch under ``seed``).
+
+    Returns ``reward_model/``: ``train_loss`` and ``train_accuracy`` (means over the last epoch's batches, scored
+    before each update), ``pairs``, ``eval_pairs`` and, when ``eval_pairs`` is not empty, ``eval_loss`` and
+    ``eval_accuracy`` on them after training (a tie counts as wrong).
+    """
+    from tqdm.auto import tqdm
+
+    if epochs < 1 or batch_size < 1:
+        raise ConfigError(
+            f"reward model training needs epochs >= 1 and batch_size >= 1, got {epochs} and {batch_size}."
+        )
+    if not learning_rate > 0:
+        raise ConfigError(f"reward model learning_rate must be > 0, got {learning_rate}.")
+    n_agents = check_pairs(pairs, what="pairs")
+    eval_pairs = list(eval_pairs or [])
+    if eval_pairs:
+        check_pairs(eval_pairs, n_agents, what="eval_pairs")
+    params = model.trainable_parameters()
+    if not params:
+        raise ConfigError("the reward model has no trainable parameters (all requires_grad=False).")
+    opt = torch.optim.AdamW(params, lr=learning_rate)
+    gen = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(len(pairs) / batch_size)
+    bar = tqdm(total=epochs * steps_per_epoch, desc="reward model", disable=disable_tqdm, leave=False)
+    loss_sum = correct = 0.0
+    try:
+        for _ in range(epochs):
+            model.train()
+            order = torch.randperm(len(pairs), generator=gen).tolist()
+            loss_sum = correct = 0.0
+            for lo in range(0, len(order), batch_size):
+                batch = [pairs[k] for k in order[lo : lo + batch_size]]
+                chosen, rejected = _pair_scores(model, tokenizer, batch, n_agents, max_length)
+                loss = bradley_terry_loss(chosen, rejected)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                opt.step()
+                loss_sum += loss.item() * len(batch)  # pair-weighted: the last batch may be smaller
+                correct += pair_accuracy(chosen, rejected).item() * len(batch)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+    finally:
+        bar.close()
+    opt.zero_grad(set_to_none=True)
+    metrics = {
+        "reward_model/train_loss": loss_sum / len(pairs),
+        "reward_model/train_accuracy": correct / len(pairs),
+        "reward_model/pairs": float(len(pairs)),
+        "reward_model/eval_pairs": float(len(eval_pairs)),
+    }
+    if eval_pairs:
+        chosen, rejected = _score_pairs(model, tokenizer, eval_pairs, n_agents, 2 * batch_size, max_length)
+        metrics["reward_model/eval_loss"] = bradley_terry_loss(chosen, rejected).item()
+        metrics["reward_model/eval_accuracy"] = pair_accuracy(chosen, rejected).item()
+    model.eval()
+    return metrics
+
+
+def split_pairs_by_prompt(pairs: Sequence[dict], eval_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, eval) pairs held out by prompt: the rows (``pair['row']``) are split, so no prompt has pairs on both
+    sides. About ``eval_fraction`` of the distinct rows go to eval, at least one row to each side; pairs keep their
+    order."""
+    if not 0.0 < eval_fraction < 1.0:
+        raise ConfigError(f"eval_fraction must be in (0, 1), got {eval_fraction}.")
+    for p, pair in enumerate(pairs):
+        if not isinstance(pair, dict) or "row" not in pair:
+            raise ConfigError(f"pairs[{p}] has no key 'row': pairs are held out by prompt row.")
+    rows = sorted({pair["row"] for pair in pairs})
+    if len(rows) < 2:
+        raise ConfigError(
+            f"holding out pairs by prompt needs pairs from at least 2 distinct rows, got {len(rows)} "
+            f"({len(pairs)} pair(s)); add prompts or skip the held-out split."
+        )
+    random.Random(seed).shuffle(rows)
+    n_eval = min(max(round(eval_fraction * len(rows)), 1), len(rows) - 1)
+    held = set(rows[:n_eval])
+    train = [pair for pair in pairs if pair["row"] not in held]
+    evals = [pair for pair in pairs if pair["row"] in held]
+    return train, evals
+
+
+class RewardModelReward:
+    """A batched reward function (see :mod:`comlrl.engine.rewards`) scoring joint actions with a reward model,
+    optionally plus ``task_weight`` times a task reward: r = RM(prompts, answers) + task_weight * task(...).
+
+    It needs ``prompts`` (the trainer passes them) and checks that the reward model's tokenizer can read every
+    prompt and completion. ``score`` also reports ``level/reward_model`` and ``level/task`` per joint action.
+    """
+
+    batched = True
+
+    def __init__(
+        self,
+        model: JointRewardModel,
+        tokenizer: PreTrainedTokenizerBase,
+        task_reward: Callable | None = None,
+        task_weight: float = 1.0,
+        batch_size: int = 16,
+        max_length: int = 1024,
+    ) -> None:
+        if task_reward is not None and not callable(task_reward):
+            raise ConfigError(f"task_reward must be a reward function, got {type(task_reward).__name__}.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task_reward = task_reward
+        self.task_weight = float(task_weight)
+        self.batch_size = batch_size
+        self.max_length = max_length
+
+    def score(
+        self,
+        *agent_completions: list[str],
+        prompts: list[list[str]] | None = None,
+        batch_items: list[dict] | None = None,
+        turn: int = 1,
+        **kwargs: Any,
+    ) -> list[dict[str, float]]:
+        """Per joint action: ``reward`` (the total), ``level/reward_model``, and with a task reward ``level/task``
+        (plus the task reward's own levels)."""
+        completions = [list(c) for c in agent_completions]
+        m = len(completions[0]) if completions else 0
+        if prompts is None:
+            raise RewardError(
+                "the reward-model reward needs prompts= (one prompt list per agent): the reward model scores the "
+                "prompts with the answers."
+            )
+        if len(prompts) != len(completions):
+            raise RewardError(f"prompts= has {len(prompts)} agent list(s) for {len(completions)} agents' completions.")
+        check_readable(self.tokenizer, prompts, what="the prompt of agent")
+        check_readable(self.tokenizer, completions, what="agent")
+        scores = score_joint(self.model, self.tokenizer, prompts, completions, self.batch_size, self.max_length)
+        out = [{"reward": s, "level/reward_model": s} for s in scores.tolist()]
+        if self.task_reward is not None:
+            task, levels = compute_rewards(
+                self.task_reward,
+                completions,
+                prompts=prompts,
+                batch_items=batch_items if batch_items is not None else [{} for _ in range(m)],
+                row_ids=list(range(m)),  # positions in this call: the dataset rows are not passed to reward functions
+                turn=turn,
+            )
+            for j, d in enumerate(out):
+                d.update(levels[j] if j < len(levels) else {})
+                d["level/task"] = task[j]
+                d["reward"] = d["level/reward_model"] + self.task_weight * task[j]
+        return out
+
+    def __call__(
+        self,
+        *agent_completions: list[str],
+        prompts: list[list[str]] | None = None,
+        batch_items: list[dict] | None = None,
+        turn: int = 1,
+        **kwargs: Any,
+    ) -> list[float]:
+        """One reward per joint action (see :meth:`score`)."""
+        scored = self.score(*agent_completions, prompts=prompts, batch_items=batch_items, turn=turn, **kwargs)
+        return [d["reward"] for d in scored]
+
+
+@contextlib.contextmanager
+def _quiet_io() -> Iterator[None]:
+    """No transformers 'Writing model shards' / 'Loading weights' bars, and no FutureWarning from PEFT reading
+    ``is_gradient_checkpointing`` (as in :func:`comlrl.engine.team.wrap_lora`)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def save_reward_model(model: JointRewardModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> Path:
+    """Write the reward model to folder ``path`` atomically (a temporary folder renamed at the end; an existing
+    ``path`` is replaced): ``backbone/`` (the full causal LM; under LoRA the base without adapters), ``adapter/``
+    (LoRA only, PEFT's folder), ``head.safetensors``, ``tokenizer/`` and ``reward_model.json``."""
+    from safetensors.torch import save_file
+
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp", dir=final.parent))
+    try:
+        backbone = model.backbone
+        with _quiet_io():
+            if model.mode == "lora":
+                backbone.save_pretrained(tmp / "adapter")
+                inner = unwrap_peft(backbone)
+                # the base weights as the unwrapped model names them: LoRA layers keep them under '.base_layer.'
+                state = {k.replace(".base_layer.", "."): v for k, v in inner.state_dict().items() if "lora_" not in k}
+                inner.save_pretrained(tmp / "backbone", state_dict=state)
+            else:
+                backbone.save_pretrained(tmp / "backbone")
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}, tmp / HEAD_FILE)
+        tokenizer.save_pretrained(tmp / "tokenizer")
+        dtype = str(next(unwrap_peft(backbone).parameters()).dtype).removeprefix("torch.")
+        meta = {"format": FORMAT, "training": model.mode, "dtype": dtype}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        old = None
+        if final.exists():  # moved aside first, so a failure never leaves neither folder
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_reward_model(
+    path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[JointRewardModel, PreTrainedTokenizerBase]:
+    """A reward model and its tokenizer from a folder written by :func:`save_reward_model`, in eval mode."""
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    meta_path = folder / META_FILE
+    if not meta_path.is_file():
+        raise ConfigError(f"{folder} is not a saved reward model: {META_FILE} is missing.")
+    meta = json.loads(meta_path.read_text())
+    mode = meta.get("training")
+    if meta.get("format") != FORMAT or mode not in TRAINING_MODES:
+        raise ConfigError(f"{meta_path}: unknown reward model format {meta.get('format')!r} / training {mode!r}.")
+    with _quiet_io():
+        backbone = load_model(str(folder / "backbone"), dtype=meta.get("dtype"))
+        if mode == "lora":
+            from peft import PeftModel
+
+            backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"))  # adapters frozen
+        else:
+            backbone.requires_grad_(mode == "full")
+    model = JointRewardModel(backbone, mode)
+    model.head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+    tok = load_tokenizer(str(folder / "tokenizer"))
+    model.to(device).eval()
+    return model, tok
