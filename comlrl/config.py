@@ -328,11 +328,22 @@ class TrainConfig:
                 "must be a mapping agent index -> rank or list of ranks",
             ),
         ]
+        self._check_all(checks)
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+
+    def _check_all(self, checks: list[tuple[bool, str, str]]) -> None:
+        """Raise for the first (ok, field name, why) whose ok is false, naming the field and its value."""
         for ok, name, why in checks:
             if not ok:
                 raise ConfigError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: {why}.")
-        if isinstance(self.report_to, str):
-            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+
+    def _check_choice(self, field_name: str, valid: tuple) -> None:
+        value = getattr(self, field_name)
+        if value not in valid:
+            raise ConfigError(
+                f"{type(self).__name__}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
+            )
 
     def _merge_alias(self, alias: str, name: str, default: Any) -> None:
         """Take ``alias``'s value for ``name``; two different values given for the one setting raise."""
@@ -406,13 +417,6 @@ class PolicyConfig(TrainConfig):
             raise ConfigError(f"{name}.epsilon={self.epsilon}: must be > 0.")
         if self.beta < 0:
             raise ConfigError(f"{name}.beta={self.beta}: must be >= 0.")
-
-    def _check_choice(self, field_name: str, valid: tuple) -> None:
-        value = getattr(self, field_name)
-        if value not in valid:
-            raise ConfigError(
-                f"{type(self).__name__}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
-            )
 
 
 @config_class
@@ -565,22 +569,23 @@ class PreferenceConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
-        for field_name, valid in (("preferences", PREFERENCE_SOURCES), ("pair_selection", PAIR_SELECTIONS)):
-            value = getattr(self, field_name)
-            if value not in valid:
-                raise ConfigError(
-                    f"{name}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
-                )
-        if self.pairs_per_prompt is not None and self.pairs_per_prompt < 1:
-            raise ConfigError(f"{name}.pairs_per_prompt={self.pairs_per_prompt}: must be >= 1 (or None).")
-        if self.tie_tolerance < 0:
-            raise ConfigError(f"{name}.tie_tolerance={self.tie_tolerance}: must be >= 0.")
-        if self.preferences == "online" and self.num_generations < 2:
-            raise ConfigError(
-                f"{name}.num_generations={self.num_generations}: online preferences compare at least 2 candidates "
-                "per prompt."
-            )
+        self._check_choice("preferences", PREFERENCE_SOURCES)
+        self._check_choice("pair_selection", PAIR_SELECTIONS)
+        self._check_all(
+            [
+                (
+                    self.pairs_per_prompt is None or self.pairs_per_prompt >= 1,
+                    "pairs_per_prompt",
+                    "must be >= 1 (or None)",
+                ),
+                (self.tie_tolerance >= 0, "tie_tolerance", "must be >= 0"),
+                (
+                    self.preferences != "online" or self.num_generations >= 2,
+                    "num_generations",
+                    "online preferences compare at least 2 candidates per prompt",
+                ),
+            ]
+        )
 
 
 @config_class
@@ -629,13 +634,8 @@ class MADPOConfig(PreferenceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
         for field_name, valid in (("loss_type", DPO_LOSS_TYPES), ("comparator", COMPARATORS), ("replay", REPLAY_MODES)):
-            value = getattr(self, field_name)
-            if value not in valid:
-                raise ConfigError(
-                    f"{name}.{field_name}={value!r}: must be one of {valid}.{suggest(str(value), list(valid))}"
-                )
+            self._check_choice(field_name, valid)
         checks = [
             (self.beta > 0, "beta", "must be > 0"),
             (0.0 <= self.label_smoothing < 0.5, "label_smoothing", "must be in [0, 0.5)"),
@@ -647,9 +647,7 @@ class MADPOConfig(PreferenceConfig):
             (self.replay_k >= 1, "replay_k", "must be >= 1"),
             (0.0 < self.replay_decay <= 1.0, "replay_decay", "must be in (0, 1]"),
         ]
-        for ok, field_name, why in checks:
-            if not ok:
-                raise ConfigError(f"{name}.{field_name}={getattr(self, field_name)!r}: {why}.")
+        self._check_all(checks)
 
 
 REWARD_MODEL_TRAINING = ("lora", "head", "full")
@@ -689,11 +687,7 @@ class MARLHFConfig(PreferenceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
-        if self.reward_model_training not in REWARD_MODEL_TRAINING:
-            raise ConfigError(
-                f"{name}.reward_model_training={self.reward_model_training!r}: must be one of {REWARD_MODEL_TRAINING}."
-            )
+        self._check_choice("reward_model_training", REWARD_MODEL_TRAINING)
         checks = [
             (self.preference_prompts >= 1, "preference_prompts", "must be >= 1"),
             (self.candidates_per_prompt >= 2, "candidates_per_prompt", "must be >= 2 (a pair needs two)"),
@@ -703,9 +697,7 @@ class MARLHFConfig(PreferenceConfig):
             (0.0 < self.reward_model_eval_fraction < 1.0, "reward_model_eval_fraction", "must be in (0, 1)"),
             (self.reward_model_max_length >= 8, "reward_model_max_length", "must be >= 8"),
         ]
-        for ok, field_name, why in checks:
-            if not ok:
-                raise ConfigError(f"{name}.{field_name}={getattr(self, field_name)!r}: {why}.")
+        self._check_all(checks)
 
 
 from .algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt  # noqa: E402  (appended section)

@@ -20,7 +20,7 @@ from comlrl.tracking import Tracker, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval")
+ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval", "codetest")
 ALGOS = ("magrpo", "mareinforce", "marloo", "maremax", "iac", "maac", "centralized_magrpo", "madpo", "marlhf")
 
 
@@ -296,6 +296,8 @@ def test_preference_algorithms_train_resume_and_report_from_the_cli(tiny_dir, tm
             shutil.rmtree(run / name)
         assert main(["train", cfg, *sets, "--resume"]) == 0
         assert [r["step"] for r in read_metrics(run)] == [1, 2]
+        assert main(["eval", str(run), "--output", str(tmp_path / "eval.json")]) == 0  # the trained team
+        assert "eval/reward/mean" in json.loads((tmp_path / "eval.json").read_text())["team"]
     if algorithm == "marlhf":
         assert (run / "reward_model" / "reward_model.json").is_file()
         assert (run / "final" / "reward_model" / "head.safetensors").is_file()

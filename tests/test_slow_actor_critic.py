@@ -8,7 +8,7 @@ before and after training, and on its training reward (first vs last 4 steps). N
 import json
 
 import pytest
-from datasets import load_dataset
+from brevity_task import FORMATTERS, posts, team_brevity
 from peft import LoraConfig
 
 from comlrl.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
@@ -17,17 +17,8 @@ pytestmark = pytest.mark.slow
 STEPS = 12
 
 
-def team_brevity(a, b):
-    return [1.0 - min(len(a[0].split()) + len(b[0].split()), 48) / 48]
-
-
 def run(trainer_cls, cfg_cls, shared_data, tmp_path, **extra) -> dict:
-    ds = load_dataset("json", data_files=str(shared_data / "tldr_posts_extra.jsonl"), split="train")
-    ds = ds.map(lambda e: {"post": e["prompt"][:300]})
-    formatters = [
-        lambda e: "Summarize in one short sentence:\n" + e["post"],
-        lambda e: "Summarize briefly:\n" + e["post"],
-    ]
+    train, held_out = posts(shared_data)
     args = cfg_cls(
         per_device_train_batch_size=2,
         num_generations=4,
@@ -45,10 +36,10 @@ def run(trainer_cls, cfg_cls, shared_data, tmp_path, **extra) -> dict:
     trainer = trainer_cls(
         model="embedded",
         num_agents=2,
-        train_dataset=ds.select(range(8, 100)),
-        eval_dataset=ds.select(range(8)),
+        train_dataset=train,
+        eval_dataset=held_out,
         reward_func=team_brevity,
-        formatters=formatters,
+        formatters=FORMATTERS,
         args=args,
         peft_config=lora,
     )

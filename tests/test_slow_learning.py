@@ -7,7 +7,7 @@ Reddit post; the team is rewarded for a short joint answer (1 - total words / 48
 import json
 
 import pytest
-from datasets import load_dataset
+from brevity_task import FORMATTERS, posts, team_brevity
 
 from comlrl.config import MAGRPOConfig
 from comlrl.trainers.magrpo import MAGRPOTrainer
@@ -15,18 +15,8 @@ from comlrl.trainers.magrpo import MAGRPOTrainer
 pytestmark = pytest.mark.slow
 
 
-def team_brevity(a, b):
-    return [1.0 - min(len(a[0].split()) + len(b[0].split()), 48) / 48]
-
-
 def test_embedded_team_reward_rises(shared_data, tmp_path):
-    ds = load_dataset("json", data_files=str(shared_data / "tldr_posts_extra.jsonl"), split="train")
-    ds = ds.map(lambda e: {"post": e["prompt"][:300]})
-    train, held_out = ds.select(range(8, 100)), ds.select(range(8))
-    formatters = [
-        lambda e: "Summarize in one short sentence:\n" + e["post"],
-        lambda e: "Summarize briefly:\n" + e["post"],
-    ]
+    train, held_out = posts(shared_data)
     steps = 30
     args = MAGRPOConfig(
         per_device_train_batch_size=2,
@@ -44,7 +34,7 @@ def test_embedded_team_reward_rises(shared_data, tmp_path):
         train_dataset=train,
         eval_dataset=held_out,
         reward_func=team_brevity,
-        formatters=formatters,
+        formatters=FORMATTERS,
         args=args,
     )
     before = trainer.evaluate()["eval/reward/mean"]

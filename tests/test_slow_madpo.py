@@ -8,7 +8,7 @@ summarize the same Reddit post; the team reward is 1 - total words / 48 (clipped
 import json
 
 import pytest
-from datasets import load_dataset
+from brevity_task import FORMATTERS, posts, team_brevity
 from peft import LoraConfig
 
 from comlrl.config import MADPOConfig
@@ -17,18 +17,8 @@ from comlrl.trainers.preference import MADPOTrainer
 pytestmark = pytest.mark.slow
 
 
-def team_brevity(a, b):
-    return [1.0 - min(len(a[0].split()) + len(b[0].split()), 48) / 48]
-
-
 def test_embedded_lora_team_learns_with_madpo(shared_data, tmp_path):
-    ds = load_dataset("json", data_files=str(shared_data / "tldr_posts_extra.jsonl"), split="train")
-    ds = ds.map(lambda e: {"post": e["prompt"][:300]})
-    train, held_out = ds.select(range(8, 100)), ds.select(range(8))
-    formatters = [
-        lambda e: "Summarize in one short sentence:\n" + e["post"],
-        lambda e: "Summarize briefly:\n" + e["post"],
-    ]
+    train, held_out = posts(shared_data)
     args = MADPOConfig(
         num_rounds=5,
         prompts_per_round=8,
@@ -41,6 +31,7 @@ def test_embedded_lora_team_learns_with_madpo(shared_data, tmp_path):
         apply_chat_template=True,
         output_dir=str(tmp_path),
         seed=0,
+        bf16=True,  # the LoRA base in bf16: the routed team forward, as on a CPU with native bf16
     )
     lora = LoraConfig(
         r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
@@ -51,7 +42,7 @@ def test_embedded_lora_team_learns_with_madpo(shared_data, tmp_path):
         train_dataset=train,
         eval_dataset=held_out,
         reward_func=team_brevity,
-        formatters=formatters,
+        formatters=FORMATTERS,
         args=args,
         peft_config=lora,
     )
