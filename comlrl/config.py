@@ -540,7 +540,7 @@ class MAACConfig(ActorCriticConfig):
 
 PREFERENCE_SOURCES = ("online", "dataset")
 PAIR_SELECTIONS = ("reward_gap", "all", "random")
-COMPARATORS = ("current", "initial", "history")
+COMPARATORS = ("current", "initial", "history", "model")
 REPLAY_MODES = ("current", "last_k", "all", "decay")
 DPO_LOSS_TYPES = ("sigmoid", "ipo")
 
@@ -621,7 +621,13 @@ class MADPOConfig(PreferenceConfig):
         "current",
         f"Where the other side of a pair comes from: one of {COMPARATORS}. 'current': all num_generations candidates "
         "from the team; 'initial': num_generations from the team and as many from a frozen copy of the starting "
-        "team, pairs only across the two; 'history': the same with the team of comparator_lag rounds back.",
+        "team, pairs only across the two; 'history': the same with the team of comparator_lag rounds back; "
+        "'model': the same with comparator_model answering for every agent.",
+    )
+    comparator_model: str | None = help_field(
+        None,
+        "comparator='model': the model source (like model=) whose answers the team's are compared with; its answers "
+        "are re-tokenized with each agent's tokenizer for the loss.",
     )
     comparator_lag: int = help_field(1, "comparator='history': how many rounds back the comparator team is.")
     replay: str = help_field(
@@ -644,6 +650,11 @@ class MADPOConfig(PreferenceConfig):
             (self.prompts_per_round >= 1, "prompts_per_round", "must be >= 1"),
             (self.steps_per_round >= 1, "steps_per_round", "must be >= 1"),
             (self.comparator_lag >= 1, "comparator_lag", "must be >= 1"),
+            (
+                (self.comparator == "model") == bool(self.comparator_model),
+                "comparator_model",
+                "is set with comparator='model' only",
+            ),
             (self.replay_k >= 1, "replay_k", "must be >= 1"),
             (0.0 < self.replay_decay <= 1.0, "replay_decay", "must be in (0, 1]"),
         ]

@@ -223,3 +223,41 @@ def test_config_checks():
     with pytest.raises(ConfigError, match="num_generations"):
         MADPOConfig(num_generations=1)
     assert json.loads(json.dumps(MADPOConfig().to_dict()))["beta"] == 0.1
+
+
+def test_evaluate_on_labelled_pairs_reports_the_implied_preference(tmp_path):
+    t = MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=labelled(),
+        eval_dataset=labelled(4),
+        args=cfg(tmp_path, preferences="dataset", num_train_epochs=4, per_device_train_batch_size=4, beta=1.0),
+    )
+    before = t.evaluate()
+    assert before["eval/rewards/accuracies"] == 0.0 and before["eval/loss"] == pytest.approx(0.6931, abs=1e-4)
+    assert before["eval/pairs/count"] == 4.0
+    t.train()
+    after = t.evaluate()
+    assert after["eval/rewards/accuracies"] == 1.0 and after["eval/rewards/margins"] > 0
+    assert all(s["reward"] > 0 for s in t.last_eval_samples)  # each pair's implied reward margin
+
+
+def test_model_comparator_answers_for_every_agent_in_the_teams_tokens(tmp_path):
+    other = tmp_path / "other"
+    tiny_model(seed=5).save_pretrained(other)
+    tiny_tokenizer().save_pretrained(other)
+    t = trainer(tmp_path, comparator="model", comparator_model=str(other), num_rounds=1, steps_per_round=1)
+    t.train()
+    records = read_jsonl(shard_path(tmp_path / "run", 0))
+    assert records and all(r["chosen_side"] != r["rejected_side"] for r in records)
+    eos = t.agents[0].tokenizer.eos_token_id
+    for r in records:
+        for key in ("chosen", "rejected"):
+            if r[f"{key}_side"] == 1:  # re-tokenized by the team's tokenizer, ending with EOS
+                assert all(ids[-1] == eos for ids in r[f"{key}_ids"])
+    assert t._model_team[0].model is t._model_team[1].model  # one comparator model for the team
+    with pytest.raises(ConfigError, match="comparator_model"):
+        MADPOConfig(comparator="model")
+    with pytest.raises(ConfigError, match="comparator_model"):
+        MADPOConfig(comparator_model=str(other))

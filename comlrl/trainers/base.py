@@ -446,8 +446,10 @@ class MultiAgentTrainer:
         reward_func: Callable,
         dataset: Any = None,
         seed: int | None = None,
+        agents: list[Agent] | None = None,
     ) -> Episode:
-        """Sample the team's answers for ``rows`` and score them (no gradients).
+        """Sample the team's answers for ``rows`` and score them (no gradients); ``agents``: another team to sample
+        from (default: this trainer's agents).
 
         ``seed``: sampling key of the episode (default: from args.seed, the step and the row ids); each row samples
         from its own stream under it, so a run samples the same in one process or under torchrun.
@@ -458,7 +460,7 @@ class MultiAgentTrainer:
             seed = derive_seed(self.args.seed, "rollout", self.state["step"], *row_ids)
         d = self.dist
         return run_episode(
-            self.agents,
+            agents or self.agents,
             nodes,
             reward_func=reward_func,
             num_generations=num_generations,

@@ -22,9 +22,10 @@ from typing import Any, Iterator
 
 import torch
 
-from ..algorithms.preference import replay_weights, select_pairs, team_dpo_loss
+from ..algorithms.preference import agent_margins, replay_weights, select_pairs, team_dpo_loss
 from ..config import MADPOConfig
 from ..engine.logprobs import completion_logprobs
+from ..engine.models import load_model, load_tokenizer
 from ..engine.rollout import format_prompt, left_pad
 from ..engine.sampling import derive_seed
 from ..engine.team import active_adapter, reference_mode
@@ -67,9 +68,9 @@ def _joint_answer(turns: list, k: int, m: int, c: int) -> tuple[list[str], list[
     ids (the completion up to and including its stop token)."""
     turn, row = turns[c // k], m * k + c % k
     texts, prompt_ids, ids = [], [], []
-    for s in turn.samples:
+    for s, team in zip(turn.samples, turns[0].samples):  # prompts as the team tokenized them
         texts.append(s.texts[row])
-        prompt_ids.append(s.prompt_ids[row][s.prompt_mask[row].bool()].tolist())
+        prompt_ids.append(team.prompt_ids[m * k][team.prompt_mask[m * k].bool()].tolist())
         ids.append(s.completion_ids[row][s.completion_mask[row].bool()].tolist())
     return texts, prompt_ids, ids
 
@@ -151,6 +152,31 @@ def dataset_pairs(dataset: Any, formatters: list, chosen_column: str, rejected_c
     return records
 
 
+def add_pair_sums(sums: dict[str, torch.Tensor], m: dict[str, torch.Tensor], values: torch.Tensor, b: int) -> None:
+    """Add one batch of b pairs to running sums: team_dpo_loss's metrics ``m`` and the log-probs ``values`` (N, 2B),
+    chosen then rejected, each weighted by b."""
+    for key, value in m.items():
+        sums[key] = sums.get(key, 0) + value * b
+    sums["logps_chosen"] = sums.get("logps_chosen", 0) + values[:, :b].mean(dim=1) * b
+    sums["logps_rejected"] = sums.get("logps_rejected", 0) + values[:, b:].mean(dim=1) * b
+
+
+def pair_metrics(sums: dict[str, torch.Tensor], count: int, beta: float) -> dict[str, float]:
+    """TRL's DPO metric names from the sums of :func:`add_pair_sums` over ``count`` pairs, per agent where per agent."""
+    out = {
+        "loss": float(sums["loss"]) / count,
+        "rewards/accuracies": float(sums["reward_accuracy"]) / count,
+        "rewards/margins": beta * float(sums["margin"]) / count,
+    }
+    for i in range(len(sums["chosen_rewards"])):
+        pre = f"agent/{i}/"
+        out[pre + "rewards/chosen"] = float(sums["chosen_rewards"][i]) / count
+        out[pre + "rewards/rejected"] = float(sums["rejected_rewards"][i]) / count
+        out[pre + "logps/chosen"] = float(sums["logps_chosen"][i]) / count
+        out[pre + "logps/rejected"] = float(sums["logps_rejected"][i]) / count
+    return out
+
+
 class MADPOTrainer(MultiAgentTrainer):
     """Multi-agent DPO: the team learns the team's preference between joint answers, each agent its own part.
 
@@ -221,10 +247,14 @@ class MADPOTrainer(MultiAgentTrainer):
                 prompt = prompt[-self.args.max_prompt_length :]
             out["prompt_ids"].append(prompt)
             for key in ("chosen", "rejected"):
-                out[f"{key}_ids"].append(
-                    tok(record[key][i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                )
+                out[f"{key}_ids"].append(self._answer_ids(agent, record[key][i]))
         return out
+
+    @staticmethod
+    def _answer_ids(agent: Agent, text: str) -> list[int]:
+        """An answer text as the agent's completion tokens, ending with its tokenizer's EOS."""
+        tok = agent.tokenizer
+        return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
     # ------------------------------------------------------------------ rounds
     def training_step(self, batches: Iterator[tuple[list[dict], list[int]]]) -> dict[str, Any]:
@@ -308,16 +338,22 @@ class MADPOTrainer(MultiAgentTrainer):
             self.rollout(rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index))
         ]
         if a.comparator != "current":
-            with self._comparator_weights(round_index):
-                episodes.append(
-                    self.rollout(
-                        rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index, 1)
-                    )
-                )
+            seed, k = self._round_seed(round_index, 1), a.num_generations
+            if a.comparator == "model":
+                team = self._comparator_team()
+                episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed, agents=team))
+            else:
+                with self._comparator_weights(round_index):
+                    episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed))
         elapsed = time.perf_counter() - start
         records, ties = candidate_pairs(
             episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed
         )
+        if a.comparator == "model":  # the comparator's answers in the team's tokens
+            for record in records:
+                for key in ("chosen", "rejected"):
+                    if record[f"{key}_side"] == COMPARATOR:
+                        record[f"{key}_ids"] = [self._answer_ids(ag, record[key][ag.index]) for ag in self.agents]
         write_jsonl(shard_path(a.output_dir, round_index), records)
         self._pairs_by_round[round_index] = records
         team = episodes[0].turns[0].rewards.reshape(-1)
@@ -351,6 +387,14 @@ class MADPOTrainer(MultiAgentTrainer):
             del self._pairs_by_round[r]
 
     # ------------------------------------------------------------------ the comparator team
+    def _comparator_team(self) -> list[Agent]:
+        """comparator='model': one frozen copy of comparator_model answering for every agent (loaded once)."""
+        if getattr(self, "_model_team", None) is None:
+            model = load_model(self.args.comparator_model).to(self.device).train(False).requires_grad_(False)
+            tok = load_tokenizer(self.args.comparator_model)
+            self._model_team = [Agent(a.index, model, tok, a.formatter, a.chat) for a in self.agents]
+        return self._model_team
+
     def _comparator_round(self, round_index: int) -> int:
         return 0 if self.args.comparator == "initial" else max(0, round_index - self.args.comparator_lag)
 
@@ -430,24 +474,58 @@ class MADPOTrainer(MultiAgentTrainer):
                         weights,
                     )
                     (loss / len(micro)).backward()
-            for key, value in m.items():
-                sums[key] = sums.get(key, 0) + value * b
-            sums["logps_chosen"] = sums.get("logps_chosen", 0) + values[:, :b].mean(dim=1) * b
-            sums["logps_rejected"] = sums.get("logps_rejected", 0) + values[:, b:].mean(dim=1) * b
+            add_pair_sums(sums, m, values, b)
             count += b
-        metrics = {"loss": float(sums["loss"]) / count}
-        metrics["rewards/accuracies"] = float(sums["reward_accuracy"]) / count
-        metrics["rewards/margins"] = a.beta * float(sums["margin"]) / count
+        metrics = pair_metrics(sums, count, a.beta)
         metrics["pairs/trained"] = float(count)
-        for i, agent in enumerate(self.agents):
+        for agent in self.agents:
             pre = f"agent/{agent.index}/"
-            metrics[pre + "rewards/chosen"] = float(sums["chosen_rewards"][i]) / count
-            metrics[pre + "rewards/rejected"] = float(sums["rejected_rewards"][i]) / count
-            metrics[pre + "logps/chosen"] = float(sums["logps_chosen"][i]) / count
-            metrics[pre + "logps/rejected"] = float(sums["logps_rejected"][i]) / count
             metrics[pre + "grad_norm"] = self._optimizer_step(agent)
             metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
         return metrics
+
+    @torch.no_grad()
+    def evaluate_pairs(self, dataset: Any, max_rows: int | None = None) -> dict[str, float]:
+        """The team's implied preference on labelled pairs (a dataset with the chosen / rejected columns): ``eval/``
+        loss, rewards/accuracies, rewards/margins and the per-agent rewards and log-probs, no reward function.
+        ``last_eval_samples`` hold each pair's chosen answers with its implied reward margin as ``reward``."""
+        a = self.args
+        records = self._dataset_pairs(dataset)[: max_rows or a.eval_max_rows or None]
+        sums: dict[str, torch.Tensor] = {}
+        samples = []
+        for lo in range(0, len(records), a.per_device_eval_batch_size):
+            batch = records[lo : lo + a.per_device_eval_batch_size]
+            tensors = [self._pair_tensors(agent, batch) for agent in self.agents]
+            ref_c, ref_r = self._reference_logps(batch, tensors)
+            values = torch.stack([self._sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])
+            b = len(batch)
+            _, m = team_dpo_loss(
+                values[:, :b], values[:, b:], ref_c, ref_r, a.beta, a.loss_type, a.label_smoothing, a.reference_free
+            )
+            add_pair_sums(sums, m, values, b)
+            _, h = agent_margins(values[:, :b], values[:, b:], ref_c, ref_r, a.reference_free)
+            for rec, margin in zip(batch, h.tolist()):  # a sample's reward: the implied reward margin beta * h
+                samples.append(
+                    {
+                        "row": rec["row"],
+                        "prompts": rec["prompts"],
+                        "reward": a.beta * margin,
+                        "completions": rec["chosen"],
+                    }
+                )
+        self.last_eval_samples = samples
+        metrics = pair_metrics(sums, len(records), a.beta)
+        metrics["pairs/count"] = float(len(records))
+        return {f"eval/{k}": v for k, v in sorted(metrics.items())}
+
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """On labelled pairs (the chosen / rejected columns): :meth:`evaluate_pairs`; otherwise the team reward of
+        its greedy answers, as every trainer's evaluate()."""
+        dataset = next((d for d in (eval_dataset, kwargs.get("dataset"), self.eval_dataset) if d is not None), None)
+        columns = set(getattr(dataset, "column_names", None) or (dataset[0].keys() if dataset else ()))
+        if {self.args.chosen_column, self.args.rejected_column} <= columns:
+            return self.evaluate_pairs(dataset, kwargs.get("max_rows"))
+        return super().evaluate(eval_dataset, *args, **kwargs)
 
     def _pair_tensors(self, agent: Agent, records: list[dict]) -> list[torch.Tensor]:
         """(prompt ids, prompt mask, completion ids, completion mask) of the agent's chosen answers, then its
