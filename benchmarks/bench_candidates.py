@@ -54,13 +54,18 @@ def main() -> None:
             disable_tqdm=True,
             seed=0,
         )
-        lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
+        )
         trainer = MADPOTrainer(
             model="embedded",
             num_agents=2,
             train_dataset=data,
             reward_func=lambda a, b: [float(-len(a[0]) - len(b[0]))],
-            formatters=[lambda r: "Summarize in one sentence:\n" + r["post"], lambda r: "Summarize briefly:\n" + r["post"]],
+            formatters=[
+                lambda r: "Summarize in one sentence:\n" + r["post"],
+                lambda r: "Summarize briefly:\n" + r["post"],
+            ],
             args=args,
             peft_config=lora,
         )
