@@ -23,6 +23,7 @@ the loop stops as soon as every row has finished.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import weakref
 from dataclasses import dataclass
@@ -586,7 +587,16 @@ def _can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
         and device.type == "cpu"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and (dtype != torch.bfloat16 or _mkldnn_bf16_supported())
     )
+
+
+@functools.cache
+def _mkldnn_bf16_supported() -> bool:
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 BF16 / AMX / AVX-NE-CONVERT); an AVX2-only CPU does
+    not, and the packed bf16 path raises there."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check is not None and check())
 
 
 def _projections(

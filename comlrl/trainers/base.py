@@ -135,6 +135,12 @@ class MultiAgentTrainer:
         if self.args.bf16 is None:
             self.args.bf16 = default_bf16(self.device)
             log.info("bf16=None -> %s on %s (native bf16: %s)", self.args.bf16, self.device, native_bf16(self.device))
+        elif self.args.bf16 and not native_bf16(self.device):
+            log.warning(
+                "bf16=True on %s, which has no native bf16: its matmuls are emulated, often many times slower "
+                "than fp32 (bf16=None picks the faster)",
+                self.device,
+            )
         if self.device.type == "cpu":
             limit_heap_fragmentation(self.args.malloc_mmap_threshold_kb)
         self.reward_func, self.reward_processor = reward_func, reward_processor
