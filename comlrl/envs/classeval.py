@@ -21,7 +21,9 @@ Team reward (maximum 6.0; 0 when the merged class does not compile)::
   - (fraction of methods implemented by more than one agent)
 
 Score keys: ``level/parse`` (the merged class compiles), ``level/methods_valid``, ``level/tests``,
-``level/overlap`` (the penalised fraction); ``metric/pass`` (all tests pass), ``metric/n_methods``.
+``level/overlap`` (the penalised fraction); ``metric/pass`` (all tests pass), ``metric/n_methods``,
+``metric/suspect`` and ``metric/verdict_shared`` (as for the code environments: signs of reward hacking
+the sandbox's judge saw; tests that had to run in the program's own interpreter).
 Tests are not run when no method has a valid implementation (an empty answer scores 0).
 """
 
@@ -40,7 +42,7 @@ import datasets
 from ..errors import ComlrlError
 from ..pyast import parse_quiet
 from .base import Env, Formatter, TeamReward, register, summarize_scores
-from .code import run_sandboxed
+from .code import run_sandboxed, sandbox_metrics
 from .codeclean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
 from .feedback import MAX_FAILURES, TRANSITION_MODES, revision_prompt
 from .loaders import load_rows
@@ -272,6 +274,7 @@ class ClassJudgement:
             "level/overlap": overlap * parse,
             "metric/pass": float(bool(parse and self.result is not None and self.result.all_passed)),
             "metric/n_methods": float(n),
+            **sandbox_metrics(self.result),
         }
 
 

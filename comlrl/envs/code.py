@@ -28,8 +28,16 @@ level/aux_ignored   -0.5    ... and a helper is called with its result thrown aw
 ==================  ======  ====================================================================
 
 Other score keys: ``metric/pass`` (all tests pass), ``metric/calls_aux`` (entry point uses a helper,
-whatever the tests say), ``metric/n_tests``, ``metric/redefined_aux``, ``metric/wrapped_body``.
-``evaluate`` adds ``pass@1`` and ``aux/usage_rate``.
+whatever the tests say), ``metric/n_tests``, ``metric/redefined_aux``, ``metric/wrapped_body``,
+``metric/suspect`` (the sandbox's judge saw signs of reward hacking: a non-data result compared, a
+builtin subclass overriding comparisons, an exit or crash during a test, channel abuse, a forbidden
+system call; see ``SandboxResult.suspect``) and ``metric/verdict_shared`` (the tests had to run in the
+program's own interpreter, where the verdict can be faked). ``evaluate`` adds ``pass@1`` and
+``aux/usage_rate``.
+
+The tests run in the sandbox's judge process, apart from the program (docs/sandbox.md); the prompt's
+context (given helpers such as HumanEval's ``encode_cyclic``) runs there too, so the tests call the
+dataset's helpers, never the program's own version of them.
 
 Multi-turn: ``make(name, transition=...)`` picks how the next prompt reports on the team program:
 ``level_feedback`` (default: each level, the syntax error, each failing test with its message, helper
@@ -114,6 +122,7 @@ class CodeJudgement:
             "metric/n_tests": float(len(self.task.tests)),
             "metric/redefined_aux": float(bool(self.redefined)),
             "metric/wrapped_body": float(self.wrapped_body),
+            **sandbox_metrics(self.result),
         }
 
 
@@ -153,6 +162,16 @@ def _static_judgement(task: CodeTask, answers: list[str], num_agents: int) -> Co
             j.wrapper = is_trivial_wrapper(node, present)
             j.ignored = ignored_helper_calls(node, present)
     return j
+
+
+def sandbox_metrics(result: Any) -> dict[str, float]:
+    """``metric/suspect`` and ``metric/verdict_shared`` of a sandbox result (0 when nothing ran)."""
+    if result is None:
+        return {"metric/suspect": 0.0, "metric/verdict_shared": 0.0}
+    return {
+        "metric/suspect": float(bool(result.suspect)),
+        "metric/verdict_shared": float(result.info.get("verdict") == "shared"),
+    }
 
 
 def run_sandboxed(jobs: list[dict], max_workers: int | None) -> list[Any]:
@@ -230,7 +249,16 @@ class CodeReward(TeamReward):
         # Whole-run budget: enough for correct programs, bounded for ones that loop in every test.
         wall = max(10.0, 3.0 * self.test_timeout + 5.0)
         limits = SandboxLimits(per_test_timeout=self.test_timeout, timeout=wall, cpu_seconds=int(wall))
-        return {"program": program, "tests": list(task.tests), "kind": "asserts", "setup": task.setup, "limits": limits}
+        # The judge runs its own copy of the prompt's context: the tests use the dataset's helpers.
+        setup = "\n\n".join(c for c in (task.context, task.setup) if c.strip())
+        return {
+            "program": program,
+            "tests": list(task.tests),
+            "kind": "asserts",
+            "setup": setup,
+            "limits": limits,
+            "allow_shadowing": (task.entry_point,),  # MBPP 126's entry point is ``sum``
+        }
 
     def score_batch(self, agent_completions: list[list[str]], rows: list[dict]) -> list[dict[str, float]]:
         return [j.scores() for j in self.judge(agent_completions, rows)]

@@ -1,13 +1,17 @@
-"""Sandbox for model-written code: run a program and its tests in an isolated child process.
+"""Sandbox for model-written code: run a program and its tests in isolated processes.
+
+The tests run in a judge process, the program in a separate candidate process; only plain data
+crosses between them, so a program cannot fake a passing test (``verdict="split"``, the default).
 
 Public API::
 
-    run_tests(program, tests, kind="asserts" | "unittest", setup="", limits=None, timeout=None)
+    run_tests(program, tests, kind="asserts" | "unittest", setup="", limits=None, timeout=None,
+              verdict="split" | "shared" | "legacy")
     run_many(jobs, max_workers=None, progress=False)
     network_isolation_available()
     isolation_mode()                 # "ns-root" | "ns-user" | "uid" | "plain"
     static_test_count(tests, kind)   # tests requested, without running anything
-    SandboxLimits, SandboxResult, TestOutcome
+    SandboxLimits, SandboxResult (.suspect: signs of reward hacking), TestOutcome
 
 See docs/sandbox.md for what is isolated and how.
 """

@@ -1,4 +1,5 @@
-"""Launching one harness process, collecting its output under caps, and cleaning up."""
+"""Launching one run (a fresh interpreter, or a fork of the warm zygote), collecting its output under
+caps, and cleaning up."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import marshal
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,13 +26,15 @@ from ._types import SandboxLimits
 HARNESS = Path(__file__).with_name("_harness.py")
 RESULT_CAP_BYTES = 4 * 1024 * 1024  # result records kept; more is a program flooding the channel
 DRAIN_SECONDS = 0.5  # after the harness exits, how long to wait for pipes still held open
+FINISH_SECONDS = 10.0  # how long a finished run's processes may take to go before a uid sweep
 POLL_SECONDS = 0.02  # exit polling interval where pidfd_open is unavailable
 KILL_GRACE_SECONDS = 5.0  # after SIGKILL, how long to wait for the harness to go away
 
-# Sandbox uids for root mode: one per concurrent run, unique per trainer process, so that
-# RLIMIT_NPROC counts exactly one run and leftovers can be found and killed by uid.
+# Sandbox uids for root mode: two per concurrent run (candidate, judge = candidate + 1), unique per
+# trainer process, so that RLIMIT_NPROC counts exactly one run and leftovers can be found by uid.
 UID_BASE = 1_000_000_000
-UID_SLOTS = 256
+UID_SLOTS = 512  # uids per trainer process
+RUN_SLOTS = UID_SLOTS // 2
 UID_MODES = ("ns-root", "uid")  # isolation modes that run the program under a sandbox uid
 
 
@@ -46,10 +51,11 @@ class RawRun:
     killed: str | None = None  # "timeout" | "output" when the parent killed the run
     forged: int = 0  # lines on the result channel without the right nonce
     duration: float = 0.0
+    pending: bool = False  # the run's processes were still going away when collection ended
 
 
 class _UidPool:
-    """Hands out per-run sandbox uids (root mode only)."""
+    """Hands out per-run sandbox uids (root mode only): the candidate's; the judge's is one more."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -61,7 +67,7 @@ class _UidPool:
         with self._cond:
             if self._pid != os.getpid():  # first use, or we are a forked copy
                 base = UID_BASE + (os.getpid() % (1 << 22)) * UID_SLOTS
-                self._free = [base + i for i in reversed(range(UID_SLOTS))]
+                self._free = [base + 2 * i for i in reversed(range(RUN_SLOTS))]
                 self._pid, self._swept = os.getpid(), set()
             while not self._free:
                 self._cond.wait()
@@ -70,6 +76,7 @@ class _UidPool:
             self._swept.add(uid)
         if fresh:  # a crashed earlier process with our pid may have left processes behind
             kill_uid(uid)
+            kill_uid(uid + 1)
         return uid
 
     def release(self, uid: int) -> None:
@@ -177,11 +184,10 @@ def _pth_paths(directory: str, name: str) -> list[str]:
     return paths
 
 
-def _payload_fd(payload: dict[str, Any]) -> int:
-    """An anonymous file holding the job; the harness reads and closes it before isolating."""
-    data = marshal.dumps(payload)
+def memfd(data: bytes, name: str = "comlrl-sandbox") -> int:
+    """An anonymous file holding ``data``, positioned at its start."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("comlrl-sandbox-job")
+        fd = os.memfd_create(name)
     else:
         with tempfile.TemporaryFile() as tmp:
             fd = os.dup(tmp.fileno())
@@ -200,34 +206,41 @@ def _killpg(pid: int) -> None:
 
 
 class _Collector:
-    """Reads stdout, stderr and the result channel of one run until it is over."""
+    """Reads stdout, stderr and the result channel of one run until it is over.
+
+    A spawned run is over when its process has exited (pidfd or polling); a zygote run when the
+    result channel reaches end of file, which happens after the zygote has reaped the run and
+    written how it ended (the "reaped" record)."""
 
     def __init__(
         self,
-        proc: subprocess.Popen,
-        result_fd: int,
+        fds: tuple[int, int, int],
         limits: SandboxLimits,
         deadline: float,
         uid: int | None,
         nonce: str,
         pidns: bool,
+        proc: subprocess.Popen | None = None,
+        kill: Any = None,
+        early: bool = False,
     ) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
-        self.proc, self.limits, self.deadline, self.uid = proc, limits, deadline, uid
-        self.nonce, self.pidns = nonce, pidns
-        self.out_fd, self.err_fd, self.res_fd = proc.stdout.fileno(), proc.stderr.fileno(), result_fd
-        self.bufs = {self.out_fd: bytearray(), self.err_fd: bytearray(), self.res_fd: bytearray()}
-        self.caps = {
-            self.out_fd: limits.max_output_bytes,
-            self.err_fd: limits.max_output_bytes,
-            self.res_fd: RESULT_CAP_BYTES,
-        }
+        self.limits, self.deadline, self.uid, self.nonce, self.pidns = limits, deadline, uid, nonce, pidns
+        # early: the run is over at the judge's "done" record (split runs in a pid namespace).
+        # Whatever the program printed before its last answer is in the pipe by then; the run's
+        # processes finish dying off the critical path (see _Finisher).
+        self.early, self.finished = early, False
+        self.proc, self.kill_run = proc, kill
+        self.out_fd, self.err_fd, self.res_fd = fds
+        self.bufs = {fd: bytearray() for fd in fds}
+        self.caps = {self.out_fd: limits.max_output_bytes, self.err_fd: limits.max_output_bytes}
+        self.caps[self.res_fd] = RESULT_CAP_BYTES
         self.raw = RawRun()
         self.sel = selectors.DefaultSelector()
-        for fd in self.bufs:
+        for fd in fds:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ)
-        self.pidfd = self._pidfd(proc.pid)
+        self.pidfd = self._pidfd(proc.pid) if proc is not None else None
+        self.result_eof = False
 
     def _pidfd(self, pid: int) -> int | None:
         try:
@@ -237,12 +250,19 @@ class _Collector:
         self.sel.register(fd, selectors.EVENT_READ)
         return fd
 
+    def _kill_uids(self) -> None:
+        if self.uid is not None:
+            kill_uid(self.uid)
+            kill_uid(self.uid + 1)
+
     def kill(self, reason: str) -> None:
         if self.raw.killed is None and self.raw.returncode is None:
             self.raw.killed = reason
-            _killpg(self.proc.pid)
-            if self.uid is not None:
-                kill_uid(self.uid)
+            if self.proc is not None:
+                _killpg(self.proc.pid)
+            else:
+                self.kill_run()
+            self._kill_uids()
 
     def _read(self, fd: int) -> None:
         try:
@@ -251,16 +271,32 @@ class _Collector:
             return
         if not chunk:
             self.sel.unregister(fd)
+            self.result_eof = self.result_eof or fd == self.res_fd
             return
         buf = self.bufs[fd]
         if len(buf) < self.caps[fd]:
             buf += chunk[: self.caps[fd] - len(buf)]
+        if fd == self.res_fd and self.early and b'"done"' in chunk:
+            records, _ = _parse_records(bytes(buf), self.nonce)
+            self.finished = any(r.get("type") == "done" for r in records)
         if fd != self.res_fd:
             self.raw.output_bytes += len(chunk)
             if self.raw.output_bytes > self.limits.output_kill_bytes:
                 self.kill("output")
 
-    def _reap_if_exited(self) -> bool:
+    def _drain_now(self) -> None:
+        for fd in (self.out_fd, self.err_fd):
+            for _ in range(64):
+                if fd not in self.sel.get_map() or self.raw.killed:
+                    break
+                before = self.raw.output_bytes
+                self._read(fd)
+                if self.raw.output_bytes == before:
+                    break
+
+    def _exited(self) -> bool:
+        if self.proc is None:
+            return self.result_eof or self.finished
         # WNOWAIT leaves the zombie in place, so its pid (= process group id) cannot be
         # reused while we kill whatever is left in its group.
         try:
@@ -274,14 +310,14 @@ class _Collector:
             return True
         self.proc.returncode = self.raw.returncode = os.waitstatus_to_exitcode(status)
         self.raw.cpu = usage.ru_utime + usage.ru_stime
-        if self.uid is not None and (self.raw.killed or not self.pidns):
+        if self.raw.killed or not self.pidns:
             # A relay that exited by itself has reaped init, whose exit already killed the
             # whole pid namespace; only a killed relay can leave namespace processes dying.
-            kill_uid(self.uid)
+            self._kill_uids()
         return True
 
     def run(self) -> RawRun:
-        """Collect until the harness has exited and its pipes are drained (or given up)."""
+        """Collect until the run is over and its pipes are drained (or given up)."""
         try:
             self._loop()
         finally:
@@ -307,20 +343,30 @@ class _Collector:
                 wait = POLL_SECONDS  # SIGKILL sent; the exit is a moment away
             else:
                 wait = self.deadline - now
-            if self.pidfd is None:
+            if self.proc is not None and self.pidfd is None:
                 wait = min(wait, POLL_SECONDS)
             for key, _ in self.sel.select(max(wait, 0.0)):
                 if key.fd != self.pidfd:
                     self._read(key.fd)
-            if drain_until is None and self._reap_if_exited():
+            if drain_until is None and self._exited():
                 if self.pidfd is not None:
                     self.sel.unregister(self.pidfd)  # stays readable; stop waking up on it
+                if self.finished and not self.result_eof:
+                    self._drain_now()  # the output is in the pipes already; take it and go
+                    break
                 drain_until = time.monotonic() + DRAIN_SECONDS
 
     def _finish(self) -> RawRun:
         raw = self.raw
+        raw.pending = self.proc is None and not self.result_eof
         raw.stdout, raw.stderr = bytes(self.bufs[self.out_fd]), bytes(self.bufs[self.err_fd])
         raw.records, raw.forged = _parse_records(bytes(self.bufs[self.res_fd]), self.nonce)
+        reaped = next((r for r in raw.records if r.get("type") == "reaped"), None)
+        if self.proc is None and reaped is not None:
+            raw.returncode = reaped.get("code") if isinstance(reaped.get("code"), int) else None
+            raw.cpu = float(reaped.get("cpu") or 0.0)
+            if raw.killed or not self.pidns:
+                self._kill_uids()
         return raw
 
 
@@ -339,9 +385,9 @@ def _parse_records(data: bytes, nonce: str) -> tuple[list[dict[str, Any]], int]:
     return records, forged
 
 
-def _spawn(payload: dict[str, Any], workdir: str, result_w: int) -> subprocess.Popen:
-    payload_fd = _payload_fd(payload)
-    cmd = [sys.executable, "-I", "-S", "-X", "utf8", str(HARNESS), str(payload_fd), str(result_w)]
+def _spawn(cfg: dict[str, Any], workdir: str, pass_fds: tuple[int, ...]) -> subprocess.Popen:
+    cfg_fd = memfd(marshal.dumps(cfg), "comlrl-sandbox-cfg")
+    cmd = [sys.executable, "-I", "-S", "-X", "utf8", str(HARNESS), "run", str(cfg_fd)]
     try:
         return subprocess.Popen(
             cmd,
@@ -351,30 +397,42 @@ def _spawn(payload: dict[str, Any], workdir: str, result_w: int) -> subprocess.P
             cwd=workdir,
             env=clean_env(workdir),
             start_new_session=True,
-            pass_fds=(payload_fd, result_w),
+            pass_fds=(cfg_fd, *pass_fds),
             close_fds=True,
         )
     finally:
-        os.close(payload_fd)
+        os.close(cfg_fd)
 
 
 def execute(
-    job: dict[str, Any], *, mode: str, netns: bool, limits: SandboxLimits, timeout: float, nproc: int | None
+    job: dict[str, Any],
+    *,
+    mode: str,
+    netns: bool,
+    limits: SandboxLimits,
+    timeout: float,
+    nproc: int | None,
+    verdict: str = "shared",
+    zygote: Any = None,
 ) -> RawRun:
-    """Run the harness once on ``job`` under the given isolation mode and limits."""
+    """Run ``job`` once under the given isolation mode and limits.
+
+    ``verdict``: "split" (judge and candidate processes) or "shared" (one interpreter).
+    ``zygote``: a started ``_zygote.Zygote`` to fork the run from; None starts a fresh interpreter."""
     start = time.monotonic()
     uid = UID_POOL.acquire() if mode in UID_MODES else None
-    workdir = tempfile.mkdtemp(prefix="comlrl-sandbox-")
+    view = zygote.view if zygote is not None else "legacy"
+    workdir = "/sandbox" if view == "minimal" else tempfile.mkdtemp(prefix="comlrl-sandbox-")
     try:
-        if uid is not None:
+        if uid is not None and view != "minimal":
             os.chown(workdir, uid, uid)
-        nonce = secrets.token_hex(16)
-        payload = dict(
-            job,
-            nonce=nonce,
+            os.chmod(workdir, 0o2770)  # the judge (another uid, in the candidate's group) shares it
+        cfg = dict(
+            nonce=secrets.token_hex(16),
             mode=mode,
             netns=netns,
             uid=uid,
+            judge_uid=uid + 1 if uid is not None and verdict == "split" else None,
             workdir=workdir,
             parent_pid=os.getpid(),
             nproc=nproc,
@@ -382,33 +440,108 @@ def execute(
             memory_mb=limits.memory_mb,
             file_size_mb=limits.file_size_mb,
             disk_mb=limits.disk_mb,
-            per_test_timeout=limits.per_test_timeout,
+            verdict=verdict,
+            view=view,
+            launcher="zygote" if zygote is not None else "spawn",
+            unshare_net=netns and zygote is None,
+            unshare_user=mode == "ns-user" and zygote is None,
             site_paths=site_paths(),
+            probe=bool(job.get("probe")),
+            seccomp=zygote.seccomp if zygote is not None else "off",
+            cgroup=zygote.cgroup if zygote is not None else "off",
+            packages=zygote.packages if zygote is not None else [],
         )
-        raw = _run_harness(payload, limits, start + timeout, uid, pidns=mode.startswith("ns-"))
+        tests = {k: job.get(k, "") for k in ("tests", "setup", "kind")}
+        tests["per_test_timeout"] = limits.per_test_timeout
+        tests["allow_shadowing"] = list(job.get("allow_shadowing") or ())
+        payload = (marshal.dumps(job.get("program", "")), marshal.dumps(tests))
+        raw = _run(cfg, payload, limits, start + timeout, uid, zygote)
+    except BaseException:
+        raw = None
+        raise
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if uid is not None:
+        if view != "minimal":
+            shutil.rmtree(workdir, ignore_errors=True)
+        if uid is not None and (raw is None or not raw.pending):
             UID_POOL.release(uid)
     raw.duration = time.monotonic() - start
     return raw
 
 
-def _run_harness(
-    payload: dict[str, Any], limits: SandboxLimits, deadline: float, uid: int | None, pidns: bool
+def _run(
+    cfg: dict[str, Any],
+    payload: tuple[bytes, bytes],
+    limits: SandboxLimits,
+    deadline: float,
+    uid: int | None,
+    zygote: Any,
 ) -> RawRun:
+    pidns = cfg["mode"].startswith("ns-")
+    program_fd, tests_fd = memfd(payload[0], "comlrl-program"), memfd(payload[1], "comlrl-tests")
     result_r, result_w = os.pipe()
     proc = None
+    out_r = err_r = -1
     try:
         try:
-            proc = _spawn(payload, payload["workdir"], result_w)
+            if zygote is None:
+                cfg.update(result_fd=result_w, program_fd=program_fd, tests_fd=tests_fd)
+                proc = _spawn(cfg, cfg["workdir"], (result_w, program_fd, tests_fd))
+                assert proc.stdout is not None and proc.stderr is not None
+                fds = (proc.stdout.fileno(), proc.stderr.fileno(), result_r)
+                kill = None
+            else:
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                try:
+                    relay = _dispatch(zygote, cfg, (out_w, err_w, result_w, program_fd, tests_fd))
+                finally:
+                    os.close(out_w)
+                    os.close(err_w)
+                fds = (out_r, err_r, result_r)
+
+                def kill() -> None:
+                    zygote.kill(relay)
+
         finally:
-            os.close(result_w)  # our copy: EOF arrives once the harness side is gone
-        return _Collector(proc, result_r, limits, deadline, uid, payload["nonce"], pidns).run()
+            # Our copies: end of file arrives once the run's side is gone.
+            for fd in (result_w, program_fd, tests_fd):
+                os.close(fd)
+        early = zygote is not None and pidns and cfg["verdict"] == "split"
+        raw = _Collector(fds, limits, deadline, uid, cfg["nonce"], pidns, proc=proc, kill=kill, early=early).run()
+        if raw.pending:  # the finisher closes it at end of file, then frees the uids
+            FINISHER.add(result_r, uid)
+            result_r = -1
+        return raw
     finally:
-        os.close(result_r)
+        for fd in (result_r, out_r, err_r):
+            if fd >= 0:
+                os.close(fd)
         if proc is not None:
             _cleanup(proc, uid)
+
+
+def _dispatch(zygote: Any, cfg: dict[str, Any], fds: tuple[int, int, int, int, int]) -> int:
+    """Start the run: hand it to a prepared run (its three processes get their parts of the job
+    directly from us), or have the zygote fork a fresh one. Returns the pid to kill it by."""
+    out_w, err_w, result_w, program_fd, tests_fd = fds
+    eligible = cfg["verdict"] == "split" and cfg["disk_mb"] == zygote.pool_disk_mb
+    while eligible:
+        prepared = zygote.take_prepared()
+        if prepared is None:
+            break
+        relay, (init, judge, candidate) = prepared
+        msg = json.dumps(dict(cfg, launcher="pool")).encode()
+        try:
+            socket.send_fds(init, [msg], [out_w, err_w, result_w, program_fd])
+            socket.send_fds(judge, [msg], [result_w, tests_fd, err_w])
+            socket.send_fds(candidate, [msg], [program_fd, out_w, err_w])
+            return relay
+        except OSError:  # it died while waiting (before any part of this job ran): take another
+            zygote.kill(relay)
+        finally:
+            for sock in (init, judge, candidate):
+                sock.close()
+    return zygote.launch(cfg, fds)
 
 
 def _cleanup(proc: subprocess.Popen, uid: int | None) -> None:
@@ -420,6 +553,62 @@ def _cleanup(proc: subprocess.Popen, uid: int | None) -> None:
             pass  # Popen reaps it later; we must not block the caller
         if uid is not None:
             kill_uid(uid)
+            kill_uid(uid + 1)
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
+
+
+class _Finisher:
+    """Waits, off the critical path, for finished runs to be reaped (end of file on their result
+    channel), then frees their uids; a run that takes too long gets a uid sweep first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[int | None, float]] = {}  # fd -> (uid, give-up time)
+        self._pid = -1
+        self._wake_r = self._wake_w = -1
+
+    def add(self, fd: int, uid: int | None) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked copy: a thread of our own
+                self._pid = os.getpid()
+                self._pending = {}
+                self._wake_r, self._wake_w = os.pipe()
+                threading.Thread(target=self._loop, name="comlrl-sandbox-finisher", daemon=True).start()
+            self._pending[fd] = (uid, time.monotonic() + FINISH_SECONDS)
+            os.write(self._wake_w, b"x")
+
+    def _done(self, fd: int, sweep: bool) -> None:
+        uid, _ = self._pending.pop(fd)
+        os.close(fd)
+        if uid is not None:
+            if sweep:
+                kill_uid(uid)
+                kill_uid(uid + 1)
+            UID_POOL.release(uid)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                fds = list(self._pending)
+                wake = self._wake_r
+            ready, _, _ = select.select([wake, *fds], [], [], 0.5)
+            with self._lock:
+                if wake in ready:
+                    os.read(wake, 4096)
+                for fd in ready:
+                    if fd != wake and fd in self._pending:
+                        try:
+                            chunk = os.read(fd, 65536)
+                        except OSError:
+                            chunk = b""
+                        if not chunk:
+                            self._done(fd, sweep=False)
+                now = time.monotonic()
+                for fd, (_, give_up) in list(self._pending.items()):
+                    if now >= give_up:
+                        self._done(fd, sweep=True)
+
+
+FINISHER = _Finisher()

@@ -10,14 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..pyast import parse_quiet
+from . import _zygote
 from ._isolation import current_isolation, nproc_limit, warn_network_once
 from ._process import RawRun, execute
 from ._types import TEST_STATUSES, SandboxLimits, SandboxResult, TestOutcome
+from ._verdict import shared_reason, warn_shared_once
 
 KINDS = ("asserts", "unittest")
+VERDICTS = ("split", "shared", "legacy")
 
 
-def _validate(program: Any, tests: Any, kind: Any, setup: Any) -> None:
+def _validate(program: Any, tests: Any, kind: Any, setup: Any, verdict: Any) -> None:
+    if verdict not in VERDICTS:
+        raise ValueError(f"run_tests: verdict must be one of {VERDICTS}, got {verdict!r}")
     if kind not in KINDS:
         raise ValueError(f"run_tests: kind must be one of {KINDS}, got {kind!r}")
     if not isinstance(program, str):
@@ -118,13 +123,22 @@ def _assemble(raw: RawRun, tests: list[str] | str, kind: str, limits: SandboxLim
     requested = static_test_count(tests, kind)
     if kind == "unittest" and planned is not None:
         requested = planned
+    isolation = by_type.get("hello", {}).get("isolation")
     info = {
         "exit_code": raw.returncode,
-        "cpu_seconds": raw.cpu,
-        "isolation": by_type.get("hello", {}).get("isolation"),
+        # (a run that ended at the judge's "done" was not reaped yet: the judge's own CPU time)
+        "cpu_seconds": raw.cpu or float(by_type.get("judge", {}).get("cpu", 0.0) or 0.0),
+        "isolation": isolation,
         "output_bytes": raw.output_bytes,
         "forged_records": raw.forged,
+        "verdict": isolation.get("verdict") if isinstance(isolation, dict) else None,
+        "restarts": int(by_type.get("judge", {}).get("restarts", 0) or 0),
     }
+    suspect = [
+        f"{rec.get('category', 'other')}: {rec.get('message', '')}"
+        for rec in raw.records
+        if rec.get("type") == "suspect"
+    ]
     return SandboxResult(
         status=status,
         tests=outcomes,
@@ -134,6 +148,7 @@ def _assemble(raw: RawRun, tests: list[str] | str, kind: str, limits: SandboxLim
         message=message,
         n_requested=requested,
         info=info,
+        suspect=suspect,
     )
 
 
@@ -145,15 +160,24 @@ def run_tests(
     setup: str = "",
     limits: SandboxLimits | None = None,
     timeout: float | None = None,
+    verdict: str = "split",
+    allow_shadowing: Sequence[str] = (),
 ) -> SandboxResult:
-    """Run ``program`` and its tests in a fresh isolated interpreter and report each test.
+    """Run ``program`` and its tests in the sandbox and report each test.
 
     kind="asserts": ``tests`` is a list of statements (one test each) or one string (one
-    test, e.g. HumanEval's ``check`` block); ``setup`` runs after the program.
+    test, e.g. HumanEval's ``check`` block); ``setup`` is test code run before the tests.
     kind="unittest": ``tests`` is unittest source; every test method is one test.
     ``timeout`` overrides ``limits.timeout`` (wall clock for the whole run).
+    ``verdict``: "split" (default: the tests run in a judge process, the program in another, so
+    it cannot fake a pass; tests that need the program's interpreter fall back to "shared"),
+    "shared" (program and tests in one interpreter), or "legacy" ("shared" in a freshly started
+    interpreter, without the warm zygote: how comlrl ran before; kept for comparison).
+    ``allow_shadowing``: names of the program's globals that the tests may use although they are
+    a builtin's name (an entry point called ``sum``); any other such global stays hidden from the
+    tests, which keep the builtin (a program must not redefine the ``abs`` a test compares with).
     """
-    _validate(program, tests, kind, setup)
+    _validate(program, tests, kind, setup, verdict)
     limits = limits or SandboxLimits()
     wall = limits.timeout if timeout is None else float(timeout)
     if wall <= 0:
@@ -162,15 +186,39 @@ def run_tests(
     if not limits.network and not iso.netns:
         warn_network_once()
     job = {"program": program, "tests": tests if isinstance(tests, str) else list(tests), "kind": kind, "setup": setup}
-    raw = execute(
-        job,
+    job["allow_shadowing"] = [str(n) for n in allow_shadowing]
+    fallback = shared_reason(tests, setup) if verdict == "split" else None
+    if fallback is not None:
+        warn_shared_once(fallback)
+        verdict = "shared"
+    raw = _execute(job, iso, limits, wall, verdict)
+    needs_shared = next((r for r in raw.records if r.get("type") == "needs_shared"), None)
+    if needs_shared is not None:  # the tests pass the program something that is not data
+        fallback = f"pass the program non-data arguments ({needs_shared.get('reason', '')})"
+        warn_shared_once(fallback)
+        raw = _execute(job, iso, limits, wall, "shared")
+    result = _assemble(raw, tests, kind, limits, wall)
+    result.info["shared_reason"] = fallback
+    return result
+
+
+def _execute(job: dict, iso: Any, limits: SandboxLimits, wall: float, verdict: str) -> RawRun:
+    netns = iso.netns and not limits.network
+    zygote = None if verdict == "legacy" else _zygote.zygote_for(iso.mode, netns)
+    kwargs = dict(
         mode=iso.mode,
-        netns=iso.netns and not limits.network,
+        netns=netns,
         limits=limits,
         timeout=wall,
         nproc=nproc_limit(iso.mode, limits.max_processes),
+        verdict="split" if verdict == "split" else "shared",
     )
-    return _assemble(raw, tests, kind, limits, wall)
+    if zygote is not None:
+        try:
+            return execute(job, zygote=zygote, **kwargs)
+        except _zygote.ZygoteError:
+            _zygote.discard(zygote)  # the next run starts a new one; this one starts afresh
+    return execute(job, **kwargs)
 
 
 def _run_job(index: int, job: Mapping[str, Any]) -> SandboxResult:

@@ -67,6 +67,9 @@ class SandboxResult:
     message: str = ""
     n_requested: int | None = None  # tests requested; None = len(tests)
     info: dict[str, Any] = field(default_factory=dict)  # exit code, cpu time, isolation used
+    # Reward-hacking signs the judge saw ("kind: message"): non-data results compared, subclasses
+    # of builtins overriding comparisons, exits or deaths during tests, channel abuse, seccomp kills.
+    suspect: list[str] = field(default_factory=list)
 
     @property
     def n_passed(self) -> int:
