@@ -68,6 +68,39 @@ ENVS = {
         max_new_tokens=512,
         note="ClassEval's 100 classes packaged with comlrl (offline; source: FudanSELab/ClassEval online).",
     ),
+    # codetest: agent 1 writes the function, agent 2 asserts; MBPP's splits as for mbpp (env.options.benchmark:
+    # humaneval for HumanEval's 164 problems, one split: then set split: test and eval_split: holdout).
+    "codetest": dict(
+        source=None,
+        split="train",
+        limit=None,
+        eval_split="test",
+        eval_limit=16,
+        max_new_tokens=256,
+        note="MBPP's 974 tasks packaged with comlrl, with their reference solutions (offline); "
+        "--set env.options.benchmark=humaneval for HumanEval.",
+    ),
+    # bfcl: BFCL has no splits of its own; comlrl's train (320 rows) and test (every 5th row, 80) are disjoint.
+    "bfcl": dict(
+        source=None,
+        split="train",
+        limit=None,
+        eval_split="test",
+        eval_limit=8,
+        max_new_tokens=256,
+        note="BFCL v4 parallel + parallel_multiple from the bfcl-eval package (offline; "
+        "pip install --no-deps bfcl-eval, as scripts/setup.sh does).",
+    ),
+    "blocks": dict(
+        source=None,
+        split="train",
+        limit=None,
+        eval_split="test",
+        eval_limit=8,
+        max_new_tokens=256,
+        note="Block-world tasks (str_build, house_build) generated in code, deterministic by seed (offline): "
+        "train 400, test 100.",
+    ),
 }
 
 TEMPLATE = """# {env} x {algorithm}: {algo_note}.

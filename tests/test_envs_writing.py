@@ -139,7 +139,8 @@ def test_writing_envs_are_two_agent():
 
 
 def test_registry():
-    assert envs.list_envs() == ["arxiv", "classeval", "coophumaneval", "humaneval", "mbpp", "tldr"]
+    builtin = {"arxiv", "bfcl", "blocks", "classeval", "coophumaneval", "humaneval", "mbpp", "tldr"}
+    assert builtin <= set(envs.list_envs()) and envs.list_envs() == sorted(envs.list_envs())
     with pytest.raises(ValueError, match="Did you mean 'tldr'"):
         envs.make("tldrr")
     with pytest.raises(ValueError, match="unknown option 'transitions'.*Did you mean 'transition'"):

@@ -19,6 +19,7 @@ environment-specific ``"metric/..."`` keys. ``reward(...) == [d["reward"] for d 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import statistics
 from typing import Any, Callable, Sequence
@@ -164,6 +165,25 @@ class Env:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, num_agents={self.num_agents})"
+
+
+def agent_formatters(prompt: Callable[[dict, int | None], str], num_agents: int) -> list[Formatter]:
+    """One formatter per agent from ``prompt(row, agent)``; ``num_agents=1``: the single-agent prompt
+    (``agent=None``) alone."""
+    if num_agents == 1:
+        return [functools.partial(prompt, agent=None)]
+    return [functools.partial(prompt, agent=i) for i in range(num_agents)]
+
+
+def check_choices(env: str, option: str, value: str | Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
+    """``value`` (one name or several) as a tuple; a ``ValueError`` naming the env, the option and the choices
+    when it is empty or holds an unknown name."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        given = ", ".join(map(repr, unknown)) if unknown else "nothing"
+        raise ValueError(f"{env}: unknown {option} {given}; choose from {', '.join(allowed)}.")
+    return names
 
 
 def summarize_scores(scores: list[dict[str, float]]) -> dict[str, float]:
