@@ -151,12 +151,15 @@ def test_extract_asserts_rejects_tricks_and_caps():
             "assert (f := lambda *a: 0) is not None or f(1)",  # rebinds the function
             "assert f.__globals__ is not None or f(1)",
             "assert f(1) == 2 or exec('x = 1')",
+            "assert getattr(f, '__code__') or f(1)",  # a dunder through getattr
+            "assert f(1) == 2 or __builtins__['print'](1)",
+            "assert f(1) == 2 or __import__('os')._exit(0)",
             "assert g(1) == 2",  # another function
         ]
         + [f"assert f({i}) == {i + 1}" for i in range(12)]
     )
     out = extract_asserts(text, "f", limit=10)
-    assert out.rejected == 3 and out.not_calling == 1 and out.truncated == 2
+    assert out.rejected == 6 and out.not_calling == 1 and out.truncated == 2
     assert out.tests == tuple(f"assert f({i}) == {i + 1}" for i in range(10))
     for empty in ("", "   ", "I cannot write tests.", "```\n```"):
         assert extract_asserts(empty, "f").tests == ()

@@ -8,12 +8,12 @@ before and after training, and on its training reward (first vs last 4 steps). N
 import json
 
 import pytest
-from brevity_task import FORMATTERS, posts, team_brevity
+from brevity_task import FORMATTERS, NEEDS_NATIVE_BF16, posts, team_brevity
 from peft import LoraConfig
 
 from comlrl.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_NATIVE_BF16]
 STEPS = 12
 
 

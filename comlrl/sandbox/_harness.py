@@ -36,28 +36,6 @@ import _harness_os as hos  # noqa: E402
 import _harness_tests as ht  # noqa: E402
 
 
-def read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
-
-
-def pread_all(fd: int) -> bytes:
-    """The whole of an anonymous file, without moving its offset (it is read again on restarts)."""
-    chunks, offset = [], 0
-    while True:
-        chunk = os.pread(fd, 1 << 20, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
 def forget_harness_path() -> None:
     """Untrusted code must not import from the project tree."""
     sys.path[:] = [p for p in sys.path if p != HERE]
@@ -143,13 +121,13 @@ def run_shared(cfg: dict, emit, info: dict) -> None:  # noqa: ANN001
     if cfg.get("probe"):
         probe(emit)
     else:
-        job = marshal.loads(read_all(cfg["tests_fd"]))
-        job["program"] = marshal.loads(pread_all(cfg["program_fd"]))
+        job = marshal.loads(hos.read_all(cfg["tests_fd"]))
+        job["program"] = marshal.loads(hos.pread_all(cfg["program_fd"]))
         os.close(cfg["program_fd"])
         job["workdir"] = cfg["workdir"]
         forget_harness_path()
         ht.run_job(job, emit)
-    flush_and_exit()
+    hos.flush_and_exit()
 
 
 def probe(emit) -> None:  # noqa: ANN001
@@ -297,15 +275,6 @@ def start_run(cfg: dict, seccomp: object = None) -> None:
     os._exit(0)
 
 
-def flush_and_exit() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 - the program may have closed or replaced it
-            pass
-    os._exit(0)  # skip atexit handlers and non-daemon threads the program left behind
-
-
 def install_site_builtins() -> None:
     """exit() and quit(), which ``site`` would have added (programs do call them)."""
     import _sitebuiltins
@@ -328,7 +297,7 @@ def main() -> None:
 
         _harness_zygote.serve(fd)
         return
-    cfg = marshal.loads(read_all(fd))
+    cfg = marshal.loads(hos.read_all(fd))
     prepare(cfg["site_paths"])
     seccomp = None
     if cfg["verdict"] == "split" and cfg.get("seccomp") == "on":

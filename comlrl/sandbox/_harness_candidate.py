@@ -231,7 +231,7 @@ def main(cfg: dict, chan_fd: int, seccomp: object) -> None:
     os.umask(0)  # files it writes in the work directory stay writable for the judge
     os.chdir(cfg["workdir"])
     hos.apply_limits(cfg)
-    program = _pread_all(program_fd)
+    program = hos.pread_all(program_fd)
     os.close(program_fd)
     if seccomp is not None:
         seccomp.load()  # type: ignore[attr-defined]  # last step before the program's code runs
@@ -246,23 +246,4 @@ def main(cfg: dict, chan_fd: int, seccomp: object) -> None:
         server.serve()
     else:
         server.reply(["loaded", failure[0], failure[1], []])
-    _flush_and_exit()
-
-
-def _pread_all(fd: int) -> bytes:
-    chunks, offset = [], 0
-    while True:
-        chunk = os.pread(fd, 1 << 20, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
-def _flush_and_exit() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 - the program may have closed or replaced it
-            pass
-    os._exit(0)
+    hos.flush_and_exit()

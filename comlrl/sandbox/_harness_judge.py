@@ -559,27 +559,11 @@ def main(cfg: dict, emit, ctl: socket.socket, info: dict, channel: int | None = 
     os.umask(0)  # files the tests write stay writable for the candidate (another uid, same run)
     os.chdir(cfg["workdir"])
     hos.apply_limits(cfg)
-    job = marshal.loads(_read_all(tests_fd))
+    job = marshal.loads(hos.read_all(tests_fd))
     emit("hello", isolation=info)
     link = hr.LINK = Link(cfg, ctl, emit, channel)
     try:
         run(cfg, job, emit, link)
     finally:
         link.close()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    os._exit(0)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
+    hos.flush_and_exit()

@@ -332,3 +332,39 @@ def kill_uid(uid: int) -> None:
             except OSError:
                 pass
         time.sleep(0.002)
+
+
+# --- descriptors and exit --------------------------------------------------------------------------------
+
+
+def read_all(fd: int) -> bytes:
+    """Everything up to EOF of ``fd``, which is then closed."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def pread_all(fd: int) -> bytes:
+    """The whole of an anonymous file, without moving its offset (it is read again on restarts)."""
+    chunks, offset = [], 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def flush_and_exit() -> None:
+    """Flush stdout and stderr and exit 0 at once: no atexit handlers, no waiting for threads a program left."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - the program may have closed or replaced it
+            pass
+    os._exit(0)
