@@ -48,10 +48,13 @@ def sandbox_processes(trainer_pid: int | None = None) -> list[int]:
     uids = range(base, base + _process.UID_SLOTS)
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            info = _process._task_uid_and_state(entry)
-            if info and info[0] in uids and info[1] not in ("Z", "X"):
-                found.append(int(entry))
+        try:
+            status = Path(f"/proc/{entry}/status").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields and int(fields["Uid"].split()[0]) in uids and fields["State"].split()[0] not in ("Z", "X"):
+            found.append(int(entry))
     return found
 
 

@@ -196,10 +196,11 @@ def setup_scratch_mounts(cfg: dict) -> None:
     namespace), and judge and candidate must both write there (ClassEval's tests write files the
     class reads, and the reverse)."""
     size = cfg["disk_mb"]
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, _proc_options(cfg))  # cover binds via it
+    needed = [p for p in _interpreter_paths() if os.path.exists(p)]  # as the view holds them
     for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
-        tmpfs(scratch, size, "1777")
+        cover(scratch, needed, size, "1777")  # a virtualenv in /tmp (the view's part of it) stays visible
     tmpfs(cfg["workdir"], size, "0777")
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, _proc_options(cfg))
 
 
 def _proc_options(cfg: dict) -> str | None:

@@ -8,7 +8,8 @@ import platform
 import threading
 from dataclasses import dataclass
 
-from ._process import execute, processes_of_uid
+from ._harness_os import processes_of_uid
+from ._process import execute
 from ._types import SandboxLimits
 
 logger = logging.getLogger("comlrl.sandbox")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._harness_os import kill_uid  # the harness processes use the same one
 from ._types import SandboxLimits
 
 HARNESS = Path(__file__).with_name("_harness.py")
@@ -87,46 +88,6 @@ class _UidPool:
 
 
 UID_POOL = _UidPool()
-
-
-def _task_uid_and_state(pid: str) -> tuple[int, str] | None:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    uid, state = -1, ""
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            uid = int(line.split()[1])
-        elif line.startswith("State:"):
-            state = line.split()[1]
-    return uid, state
-
-
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is ``uid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            info = _task_uid_and_state(entry)
-            if info is not None and info[0] == uid and info[1] not in ("Z", "X"):
-                found.append(int(entry))
-    return found
-
-
-def kill_uid(uid: int) -> None:
-    """SIGKILL every process of a sandbox uid, repeating while new ones appear."""
-    for _ in range(50):
-        victims = processes_of_uid(uid)
-        if not victims:
-            return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.002)
 
 
 def clean_env(workdir: str) -> dict[str, str]:
