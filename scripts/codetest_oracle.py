@@ -18,7 +18,7 @@ import time
 
 from comlrl import envs
 from comlrl.envs.code_tasks import task_from_row
-from comlrl.envs.codetest import hidden_asserts
+from comlrl.envs.codetest_asserts import hidden_asserts
 
 MBPP_SPLITS = ("prompt", "test", "validation", "train")
 
@@ -50,6 +50,8 @@ def check(benchmark: str, limit: int | None, batch: int) -> dict:
         "no_mutants": sum(n == 0 for n in n_mutants),
         "max_mutants": env.reward_func.max_mutants,
         "full_mutants": sum(n == env.reward_func.max_mutants for n in n_mutants),
+        "foil_judged": sum(s["metric/foil_judged"] for s in scores),
+        "unjudged": sum(s["metric/unjudged"] for s in scores),
         "mean_equivalent_dropped": statistics.fmean(s["metric/n_equivalent"] for s in scores),
         "seconds": round(time.time() - start, 1),
     }
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['benchmark']}: {r['at_maximum']}/{r['problems']} at the maximum; mutants per problem "
             f"{r['mean_mutants']:.2f} (none: {r['no_mutants']}, the full {r['max_mutants']}: {r['full_mutants']}); "
-            f"equivalent on the hidden tests, dropped: {r['mean_equivalent_dropped']:.2f} per problem; {r['seconds']} s"
+            f"equivalent on the hidden tests, dropped: {r['mean_equivalent_dropped']:.2f} per problem; judged by foils: "
+            f"{r['foil_judged']:.0f}, by nothing: {r['unjudged']:.0f}; {r['seconds']} s"
         )
         for b in r["below_maximum"]:
             print(f"  {b['task_id']}: {b['reward']:.3f} ({', '.join(b['levels_below_1'])})")

@@ -1,5 +1,6 @@
 """bfcl (BFCL v4 parallel function calling): parsing, BFCL's argument semantics, hand-computed reward levels,
-the oracle over every packaged row, BFCL's own checker agreeing with ours, loaders, feedback, a 2-step training."""
+the division of labour (a lone agent, swapped parts and other hacks score below the split), the oracle over every
+packaged row, BFCL's own checker agreeing with ours, loaders, feedback."""
 
 import json
 import sys
@@ -11,7 +12,9 @@ import pytest
 import comlrl.envs as envs
 from comlrl.envs import DatasetError
 from comlrl.envs.bfcl import (
+    LEVELS,
     MAX_REWARD,
+    WEIGHTS,
     Call,
     best_assignment,
     bfcl_accepts,
@@ -75,6 +78,7 @@ AREA_CI = ("geo.area", {"shape": "circle", "size": 3, "unit": "cm"})
 PER_SQ = ("geo.perimeter", {"shape": "square", "size": 2})
 PER_CI = ("geo.perimeter", {"shape": "circle", "size": 3})
 GOOD_1, GOOD_2 = calls(AREA_SQ, AREA_CI), calls(PER_SQ, PER_CI)
+ALL = calls(AREA_SQ, AREA_CI, PER_SQ, PER_CI)
 
 
 def score(c1, c2, task=TASK):
@@ -140,11 +144,25 @@ def test_best_assignment_is_optimal_not_greedy():
         },
         1,
     )
-    out = score(calls(("f", {"x": "a"})), calls(("f", {"x": "b"})), task_from_row(row))
+    out = judge(task_from_row(row), [calls(("f", {"x": "a"}), ("f", {"x": "b"}))]).scores()  # one agent owns both
     assert out["level/exact"] == 1.0 and out["metric/bfcl_accuracy"] == 0.0 and out["reward"] == MAX_REWARD
 
 
 # --- the reward, level by level (n = 4 needed calls; agent 1 the two areas, agent 2 the two perimeters) ---
+
+
+def test_weights():
+    assert LEVELS == (
+        "level/format",
+        "level/names",
+        "level/args",
+        "level/part",
+        "level/count",
+        "level/exact",
+        "level/duplicate",
+        "level/empty",
+    )
+    assert [WEIGHTS[k] for k in LEVELS] == [0.5, 0.5, 1.0, 2.0, 0.5, 0.5, -1.0, -0.5] and MAX_REWARD == 5.0
 
 
 def test_oracle_and_correct_split_reach_the_maximum():
@@ -152,7 +170,7 @@ def test_oracle_and_correct_split_reach_the_maximum():
     assert oracle_replies(TASK) == [calls(first, AREA_CI), GOOD_2]
     for c1, c2 in [oracle_replies(TASK), (GOOD_1, GOOD_2), (calls(AREA_CI, AREA_SQ), calls(PER_CI, PER_SQ))]:
         out = score(c1, c2)
-        assert out["reward"] == MAX_REWARD == 5.0
+        assert out["reward"] == MAX_REWARD == 5.0 and out["level/part"] == 1.0 and out["level/exact"] == 1.0
         assert out["metric/bfcl_accuracy"] == 1.0 and out["metric/split_followed"] == 1.0
 
 
@@ -162,51 +180,115 @@ def test_empty_and_malformed_answers_score_zero():
     assert out["reward"] == 0.0
     out = score("I cannot do that.", '[{"name": "geo.area", ')
     assert out["level/format"] == 0.0 and out["level/empty"] == 0.0 and out["reward"] == 0.0
-    assert score("no calls here", "")["reward"] == pytest.approx(0.5 - 0.5)
+    assert score("no calls here", "")["reward"] == pytest.approx(0.5 * 0.5 - 0.5 * 0.5)
 
 
 def test_one_malformed_agent():
     out = score("area(square, 2)", GOOD_2)
-    # format 1/2; names F1 = 2*2/(4+2); args 2/4; count 1-2/4; not exact
+    # format 1/2; names F1 = 2*2/(4+2); args 2/4; part (0 + 1)/2; count 1-2/4; not exact
     assert out["level/format"] == 0.5 and out["level/names"] == pytest.approx(2 / 3)
-    assert out["level/args"] == 0.5 and out["level/count"] == 0.5 and out["level/exact"] == 0.0
-    assert out["reward"] == pytest.approx(0.5 + 2 / 3 + 1.5 * 0.5 + 0.5 * 0.5)
+    assert out["level/args"] == 0.5 and out["level/part"] == 0.5 and out["level/count"] == 0.5
+    assert out["level/exact"] == 0.0
+    assert out["reward"] == pytest.approx(0.5 * 0.5 + 0.5 * 2 / 3 + 0.5 + 2.0 * 0.5 + 0.5 * 0.5)
 
 
-def test_one_agent_does_everything_the_other_nothing():
-    out = score(calls(AREA_SQ, AREA_CI, PER_SQ, PER_CI), "")
-    assert out["level/empty"] == 0.5 and out["level/exact"] == 1.0 and out["metric/split_followed"] == 0.0
-    assert out["reward"] == pytest.approx(5.0 - 0.5)
+def test_a_lone_agent_scores_well_below_the_split():
+    # agent 1 (or 2) makes every call: its part F1 2*2/(2+4), the silent teammate's 0 -> part 1/3; not exact
+    for c1, c2 in [(ALL, ""), ("", ALL)]:
+        out = score(c1, c2)
+        assert out["level/names"] == 1.0 and out["level/args"] == 1.0 and out["level/count"] == 1.0
+        assert out["level/part"] == pytest.approx(1 / 3) and out["level/exact"] == 0.0 and out["level/empty"] == 0.5
+        assert out["metric/bfcl_accuracy"] == 1.0 and out["metric/split_followed"] == 0.0
+        assert out["reward"] == pytest.approx(0.5 + 0.5 + 1.0 + 2.0 / 3 + 0.5 - 0.25)  # 2.92 (4.5 before)
+    out = score(ALL, "I will leave the calls to you.")  # a teammate writing prose: format 1/2 instead of empty
+    assert out["level/format"] == 0.5 and out["level/empty"] == 0.0 and out["level/part"] == pytest.approx(1 / 3)
+    assert out["reward"] == pytest.approx(0.25 + 0.5 + 1.0 + 2.0 / 3 + 0.5)  # 2.92 (4.5 before)
+    out = score(ALL, ALL)  # the teammate repeats every call
+    assert out["level/part"] == pytest.approx(2 / 3) and out["level/duplicate"] == 1.0
+    assert out["reward"] == pytest.approx(0.5 + 0.5 * 2 / 3 + 1.0 + 2.0 * 2 / 3 - 1.0)  # 2.17
+    for c1, c2 in [(ALL, ""), ("", ALL), (ALL, "I will leave the calls to you."), (ALL, ALL)]:
+        assert score(c1, c2)["reward"] <= 3.5
+
+
+def test_swapped_parts_score_below_the_maximum():
+    out = score(GOOD_2, GOOD_1)  # the union is right (BFCL accepts it) but each agent made the other's part
+    assert out["metric/bfcl_accuracy"] == 1.0 and out["level/args"] == 1.0 and out["level/count"] == 1.0
+    assert out["level/part"] == 0.0 and out["level/exact"] == 0.0 and out["metric/split_followed"] == 0.0
+    assert out["reward"] == pytest.approx(0.5 + 0.5 + 1.0 + 0.5)  # 2.5 (5.0 before)
+
+
+HACKS = {
+    # (agent 1, agent 2): hand-computed reward; the honest split scores 5.0
+    "each agent makes every call": ((ALL, ALL), 0.5 + 0.5 * 2 / 3 + 1.0 + 2.0 * 2 / 3 - 1.0),
+    # 6 calls, 2 duplicates: names 2*4/10, part (2/3 + 1)/2, count 1/2, duplicate 2/4
+    "agent 1 its part and agent 2's": ((ALL, GOOD_2), 0.5 + 0.5 * 0.8 + 1.0 + 2.0 * 5 / 6 + 0.25 - 0.5),
+    "agent 2 its part and agent 1's": ((GOOD_1, ALL), 0.5 + 0.5 * 0.8 + 1.0 + 2.0 * 5 / 6 + 0.25 - 0.5),
+    # the union is exactly the needed set (5.0 before), but agent 1 took one call of agent 2's part:
+    # part (2*2/(2+3) + 2*1/(2+1))/2
+    "agent 1 takes one of agent 2's calls": (
+        (calls(AREA_SQ, AREA_CI, PER_SQ), calls(PER_CI)),
+        0.5 + 0.5 + 1.0 + 2.0 * (0.8 + 2 / 3) / 2 + 0.5,
+    ),
+    # each pads its part with a wrong call: names 2*4/10, part 2*2/(2+3) each, count 1/2
+    "padding": (
+        (
+            calls(AREA_SQ, AREA_CI, ("geo.area", {"shape": "square", "size": 5})),
+            calls(PER_SQ, PER_CI, ("geo.perimeter", {"shape": "circle", "size": 7})),
+        ),
+        0.5 + 0.5 * 0.8 + 1.0 + 2.0 * 0.8 + 0.25,
+    ),
+    # 5 calls, 1 duplicate: names 2*4/9, part (2*1/(2+2) + 2*2/(2+3))/2, count 3/4, duplicate 1/4
+    "calls in the wrong agent and a duplicate": (
+        (calls(PER_SQ, AREA_SQ), calls(PER_SQ, PER_CI, AREA_CI)),
+        0.5 + 0.5 * 8 / 9 + 1.0 + 2.0 * 0.65 + 0.5 * 0.75 - 0.25,
+    ),
+    # names 2*2/6, args 2/4, part (1 + 0)/2, count 1/2, empty 1/2
+    "agent 2 replies []": ((GOOD_1, "[]"), 0.5 + 0.5 * 2 / 3 + 0.5 + 1.0 + 0.25 - 0.25),
+    "both reply []": (("[]", "[]"), 0.0),
+    "swapped parts": ((GOOD_2, GOOD_1), 2.5),
+}
+
+
+@pytest.mark.parametrize("name", HACKS)
+def test_no_hack_reaches_the_honest_split(name):
+    (c1, c2), expected = HACKS[name]
+    honest = score(GOOD_1, GOOD_2)["reward"]
+    out = score(c1, c2)
+    assert out["reward"] == pytest.approx(expected) and out["reward"] < honest == 5.0
+    assert out["reward"] <= 4.0
 
 
 def test_duplicated_work():
     everything = calls(AREA_SQ, AREA_CI, PER_SQ, PER_CI)
     out = score(everything, everything)
-    # 8 calls: names F1 = 2*4/(4+8); args 4/4; count max(0, 1-4/4) = 0; 4 duplicates / 4 -> penalty 1
+    # 8 calls: names F1 = 2*4/(4+8); args 4/4; part 2*2/(2+4) each; count max(0, 1-4/4) = 0; 4 duplicates / 4
     assert out["level/names"] == pytest.approx(2 / 3) and out["level/args"] == 1.0 and out["level/count"] == 0.0
     assert out["level/duplicate"] == 1.0 and out["metric/n_duplicates"] == 4.0
-    assert out["reward"] == pytest.approx(1.0 + 2 / 3 + 1.5 - 1.0)
+    assert out["reward"] == pytest.approx(0.5 + 0.5 * 2 / 3 + 1.0 + 2.0 * 2 / 3 - 1.0)
     out = score(calls(AREA_SQ, AREA_CI, PER_SQ), GOOD_2)  # one perimeter call made by both
     assert out["level/duplicate"] == 0.25 and out["level/count"] == 0.75 and out["level/exact"] == 0.0
-    assert out["reward"] == pytest.approx(1.0 + 8 / 9 + 1.5 + 0.5 * 0.75 - 0.25)
+    assert out["level/part"] == pytest.approx((0.8 + 1.0) / 2)  # agent 1: 2*2/(2+3)
+    assert out["reward"] == pytest.approx(0.5 + 0.5 * 8 / 9 + 1.0 + 2.0 * 0.9 + 0.5 * 0.75 - 0.25)
 
 
 def test_wrong_arguments_get_partial_credit():
     wrong = calls(("geo_area", {"shape": "Square", "size": 2}), ("geo.area", {"shape": "circle", "size": "3"}))
     out = score(wrong, GOOD_2)  # geo_area reads as geo.area; size "3" has the wrong type: 2 of 3 arguments
     assert out["level/names"] == 1.0 and out["level/args"] == pytest.approx((1 + 2 / 3 + 1 + 1) / 4)
+    assert out["level/part"] == pytest.approx((2 * (1 + 2 / 3) / 4 + 1) / 2)  # agent 1: 2 * (1 + 2/3) / (2 + 2)
     assert out["level/exact"] == 0.0 and out["metric/calls_correct"] == 0.75
-    assert out["reward"] == pytest.approx(1.0 + 1.0 + 1.5 * (11 / 12) + 0.5)
+    assert out["reward"] == pytest.approx(0.5 + 0.5 + 11 / 12 + 2.0 * 11 / 12 + 0.5)
 
 
 def test_wrong_function_names():
     out = score(calls(("geo.volume", {"shape": "square", "size": 2})), GOOD_2)
-    # union: volume + 2 perimeters -> names F1 = 2*2/(4+3); args 2/4; count 1 - 1/4
-    assert out["level/names"] == pytest.approx(4 / 7) and out["level/args"] == 0.5
+    # union: volume + 2 perimeters -> names F1 = 2*2/(4+3); args 2/4; part (0 + 1)/2; count 1 - 1/4
+    assert out["level/names"] == pytest.approx(4 / 7) and out["level/args"] == 0.5 and out["level/part"] == 0.5
     assert out["level/count"] == 0.75
-    assert out["reward"] == pytest.approx(1.0 + 4 / 7 + 0.75 + 0.375)
+    assert out["reward"] == pytest.approx(0.5 + 0.5 * 4 / 7 + 0.5 + 1.0 + 0.5 * 0.75)
     out = score(calls(("geo.volume", {})), calls(("geo.volume", {"shape": "x"})))
-    assert out["level/names"] == 0.0 and out["level/count"] == 0.0 and out["reward"] == 1.0  # stop after names
+    assert out["level/names"] == 0.0 and out["level/part"] == 0.0 and out["level/count"] == 0.0
+    assert out["reward"] == 0.5  # stop after names
 
 
 def test_reward_contract_and_single_agent():
@@ -218,7 +300,10 @@ def test_reward_contract_and_single_agent():
     assert all(0.0 <= scores[0][k] <= 1.0 for k in reward.level_names)
     single = envs.make("bfcl", num_agents=1)
     everything = calls(AREA_SQ, AREA_CI, PER_SQ, PER_CI)
-    assert single.reward_func([everything], batch_items=[ROW]) == [5.0]
+    assert single.reward_func([everything], batch_items=[ROW]) == [5.0]  # one agent owns every call
+    assert single.reward_func([calls(PER_CI, AREA_SQ, PER_SQ, AREA_CI)], batch_items=[ROW]) == [5.0]  # any order
+    assert single.reward_func([""], batch_items=[ROW]) == [0.0]
+    assert single.reward_func([GOOD_1], batch_items=[ROW])[0] < 5.0
     assert env.split_single(everything, ROW) == [GOOD_1, GOOD_2]
     assert env.split_single("nope", ROW) == ["nope", "nope"]
     assert "4 function calls" in single.formatters()[0](ROW) and "Make all of them" in single.formatters()[0](ROW)
@@ -246,6 +331,21 @@ def test_feedback_names_missing_wrong_and_duplicated_calls():
     assert "Missing: 1 call to `geo.perimeter`" in text
     assert "4" not in text.split("wrong value")[1].split("\n")[0]  # names the argument, never the right value
     assert feedback_text(judge(TASK, [GOOD_1, GOOD_2]), 1) == "The team's calls are all correct."
+    assert "Missing from your part" not in text and "Outside your part: your call geo.perimeter" in text
+
+
+def test_feedback_names_each_agents_own_part():
+    j = judge(TASK, [ALL, ""])  # a lone agent: the union is right, the split is not
+    lone, silent = feedback_text(j, 0), feedback_text(j, 1)
+    assert "Outside your part: your call geo.perimeter" in lone and "your teammate makes calls 3-4" in lone
+    assert "Missing from your part" not in lone and "all correct" not in lone
+    assert "You made no call." in silent and "Missing from your part: calls 3-4 (`geo.perimeter`" in silent
+    swapped = feedback_text(judge(TASK, [GOOD_2, GOOD_1]), 0)
+    assert "Missing from your part: calls 1-2 (`geo.area`, `geo.area`)" in swapped
+    assert "all correct" not in swapped and "Outside your part: your call geo.perimeter" in swapped
+    taken = judge(TASK, [calls(AREA_SQ, AREA_CI, PER_SQ), calls(PER_CI)])
+    assert "Missing from your part: call 3 (`geo.perimeter`)" in feedback_text(taken, 1)
+    assert "Outside your part: your call geo.perimeter" in feedback_text(taken, 0)
     env = envs.make("bfcl")
     nxt = env.external_transition(batch_item=ROW, agent_completions=["", "oops"], turn=1)
     assert nxt[0].startswith(env.formatters()[0](ROW)) and "You made no call." in nxt[0]
@@ -276,6 +376,24 @@ def test_packaged_rows_and_the_oracle_reaches_the_maximum_on_every_row():
     assert out["metric/split_followed"] == 1.0
     with pytest.raises(DatasetError, match="unknown split 'validation'"):
         env.load_dataset(split="validation")
+
+
+@needs_bfcl
+def test_on_every_row_a_lone_agent_and_swapped_parts_score_below_the_split():
+    rows = envs.make("bfcl").load_dataset(split="all")
+    for row in rows:
+        task = task_from_row(row)
+        one, two = oracle_replies(task)
+        everything = oracle_replies(task, 1)[0]
+        assert judge(task, [one, two]).reward == 5.0, row["id"]
+        lone = [(everything, ""), ("", everything), (everything, "Your turn."), ("Your turn.", everything)]
+        for replies in [*lone, (everything, everything)]:  # one agent makes every call
+            assert judge(task, list(replies)).reward <= 3.5 + 1e-9, (row["id"], replies)
+        # swapped parts; an agent that also makes its teammate's part; agent 1 takes agent 2's first call
+        first, *rest = json.loads(two)
+        stolen = (json.dumps([*json.loads(one), first]), json.dumps(rest))
+        for replies in [(two, one), (everything, two), (one, everything), stolen]:
+            assert judge(task, list(replies)).reward < 5.0 - 0.5, (row["id"], replies)
 
 
 @pytest.fixture(scope="module")

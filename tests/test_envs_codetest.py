@@ -10,7 +10,8 @@ import pytest
 import comlrl.envs as envs
 from comlrl.envs import DatasetError, run_baseline
 from comlrl.envs.code_tasks import task_from_row
-from comlrl.envs.codetest import CODETEST_LEVELS, classify_mutant, extract_asserts, hidden_asserts
+from comlrl.envs.codetest_asserts import classify_mutant, extract_asserts, hidden_asserts
+from comlrl.envs.codetest_judge import CODETEST_LEVELS
 from comlrl.envs.mutants import OPERATORS, flip_comparison, make_mutants, negate_condition, off_by_one, swap_operator
 from comlrl.errors import ComlrlError
 from comlrl.sandbox import SandboxResult, TestOutcome
@@ -188,7 +189,7 @@ CASES = [
     ("oracle-like", GOOD, T_A, 7.0),  # 0.5 + 0.5 + 2.0 + 0.5 + 1.0 + 1.5 + 1.0
     ("half the mutants", GOOD, T_B, 3.0 + 0.5 + 1.0 + 0.75 + 1.0),
     ("one invalid test", GOOD, T_B + "\n" + T_C, 3.0 + 0.5 + 0.5 + 0.75 + 1.0),
-    ("trivially true test", GOOD, T_TRIVIAL, 3.0 + 0.5 + 1.0),  # no kill, so no agreement
+    ("trivially true test", GOOD, T_TRIVIAL, 3.0),  # passes on every function: counts for nothing
     ("assert True", GOOD, "assert True\nassert 1 == 1", 3.0),  # does not call the function: no test
     ("only invalid", GOOD, T_C, 3.0 + 0.5),
     ("buggy function, test catches it", BUGGY, T_A, 1.0 + 2.0 * HIDDEN + 3.0),  # agreement 0
@@ -244,7 +245,7 @@ def test_level_values_and_metrics(toy):
     assert env.reward_func([GOOD], [T_A], batch_items=[ROW], prompts=["x"], turn=1) == [7.0]  # extras ignored
 
 
-def test_no_mutant_left_is_vacuous_and_evaluate():
+def test_no_mutant_left_is_judged_by_foils_and_evaluate():
     row = {
         "task_id": "toy/2",
         "text": "Sort by length.",
@@ -253,13 +254,16 @@ def test_no_mutant_left_is_vacuous_and_evaluate():
     }
     env = envs.make("codetest")
     code = "def by_len(xs):\n    return sorted(xs, key=lambda s: len(s))"
-    tests = "assert by_len([]) == []"
+    tests = "assert by_len([]) == []"  # the foil that returns its argument passes it: 3 of 4 foils caught
     [out] = env.reward_func.score([code], [tests], batch_items=[row])
-    assert out["metric/n_mutants"] == 0 and out["level/mutants_killed"] == 1.0 and out["reward"] == 7.0
-    metrics = env.evaluate([[code, GOOD], [tests, T_B + "\n" + T_C]], [row, ROW])
-    assert metrics["pass@1"] == 1.0 and metrics["validity_rate"] == pytest.approx(0.75)
-    assert metrics["kill_rate"] == pytest.approx(0.5)  # over the answers to problems with mutants only
-    assert metrics["reward/mean"] == pytest.approx((7.0 + 5.75) / 2)
+    assert out["metric/n_mutants"] == 0 and out["metric/n_foils"] == 4 and out["metric/foil_judged"] == 1.0
+    assert out["level/mutants_killed"] == 0.75 and out["reward"] == 7.0 - 1.5 * 0.25
+    metrics = env.evaluate(
+        [[code, GOOD, GOOD], [tests, T_B + "\n" + T_C, "assert pos_sum([1]) is not None"]], [row, ROW, ROW]
+    )
+    assert metrics["pass@1"] == 1.0 and metrics["validity_rate"] == pytest.approx((1.0 + 0.5 + 1.0) / 3)
+    assert metrics["kill_rate"] == pytest.approx((0.75 + 0.5 + 0.0) / 3)  # the weak assert kills nothing
+    assert metrics["reward/mean"] == pytest.approx((6.625 + 5.75 + 3.5) / 3)
 
 
 # --- oracles on real problems ------------------------------------------------------------------------------

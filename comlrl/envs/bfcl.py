@@ -12,34 +12,45 @@ names) and says the teammate makes the other calls. Each agent replies with a JS
 then agent 2's). With one agent (the single-agent baseline) it makes every call.
 
 Reading an answer (:func:`parse_calls`): the first JSON list of calls in the text, inside a markdown
-fence or after prose, or a single call object that starts the reply (or a fence); a call is ``{"name", "arguments"}`` (also ``"parameters"``/``"args"``,
-arguments as a JSON string, OpenAI's ``{"function": {...}}``, or BFCL's ``{"f": {"a": 1}}``). An empty
-reply reads as no calls; a reply with no readable list, or a list holding anything but calls, does not
-parse. A function name with ``_`` for ``.`` (``spotify_play``) is read as the documented name.
+fence or after prose, or a single call object that starts the reply (or a fence); a call is
+``{"name", "arguments"}`` (also ``"parameters"``/``"args"``, arguments as a JSON string, OpenAI's
+``{"function": {...}}``, or BFCL's ``{"f": {"a": 1}}``). An empty reply reads as no calls; a reply with
+no readable list, or a list holding anything but calls, does not parse. A function name with ``_`` for
+``.`` (``spotify_play``) is read as the documented name.
 
-Argument matching is BFCL's (its Python AST checker, :func:`check_call`): a value matches when it is
-one of the possible answer's alternatives (strings compared without case, spaces and ``,./-_*^``;
-ints accepted for floats; lists and dicts element-wise); an argument whose alternatives include ``""``
-may be omitted; a missing required argument or one the answer does not list is wrong.
+Argument matching is BFCL's (its Python AST checker, :func:`check_call`, ported in :mod:`.bfcl_checker`):
+a value matches when it is one of the possible answer's alternatives (strings compared without case,
+spaces and ``,./-_*^``; ints accepted for floats; lists and dicts element-wise); an argument whose
+alternatives include ``""`` may be omitted; a missing required argument or one the answer does not list
+is wrong.
 
 Team reward (tiered, maximum 5.0). The union's calls are assigned one-to-one to the needed calls of
-the same function so that the argument scores add up to the most (:func:`best_assignment`):
+the same function so that the argument scores add up to the most (:func:`best_assignment`); for
+``level/part`` each agent's own calls are assigned the same way to the needed calls of its own part:
 
 ===============  ======  =================================================================================
 level key        points  value
 ===============  ======  =================================================================================
-level/format     1.0     fraction of agents whose reply parses (an empty reply parses, as no calls)
-level/names      1.0     F1 of the union's function names against the needed ones (multisets); stop at 0
-level/args       1.5     sum over needed calls of the assigned call's argument score, / n; a call's score
+level/format     0.5     fraction of agents whose reply parses (an empty reply parses, as no calls)
+level/names      0.5     F1 of the union's function names against the needed ones (multisets); stop at 0
+level/args       1.0     sum over needed calls of the assigned call's argument score, / n; a call's score
                          is 1 when BFCL accepts it, else the fraction of its arguments that are right
+level/part       2.0     mean over agents of its own part's F1: 2 x (argument scores of its calls
+                         assigned to its part) / (calls in its part + calls it makes); 1 for an agent
+                         with no part that makes no call
 level/count      0.5     1 - |calls - n| / n, at least 0
-level/exact      1.0     the union is exactly the needed set: n calls, each accepted by BFCL
+level/exact      0.5     every agent made exactly its part: as many calls, each accepted by BFCL
+                         (so the union is exactly the needed set)
 level/duplicate  -1.0    min(1, calls that repeat an earlier agent's call / n) (same name and arguments)
-level/empty      -1.0    fraction of agents that make no call (an empty reply or ``[]``)
+level/empty      -0.5    fraction of the agents with a part that make no call (an empty reply or ``[]``)
 ===============  ======  =================================================================================
 
 Levels after ``level/names`` are 0 when it is 0; the two penalties always count, so a team that
-answers nothing (empty or malformed replies) scores 0. Other score keys: ``metric/bfcl_accuracy``
+answers nothing (empty or malformed replies) scores 0. The maximum needs each agent to make its own
+part: one agent making every call scores at most 3.05 on the 400 packaged rows (2.92 when n = 4) with a
+silent, empty or prose-writing teammate, 2.17 when the teammate repeats every call; swapped parts lose
+``level/part`` and ``level/exact`` (2.5 when no call of one part is partly right for the other). With one
+agent its part is every call. Other score keys: ``metric/bfcl_accuracy``
 (BFCL's own parallel checker on the union: its greedy, order-free matching), ``metric/names_precision``,
 ``metric/names_recall``, ``metric/calls_correct`` (needed calls matched by an accepted call, / n),
 ``metric/n_calls``, ``metric/n_expected``, ``metric/n_duplicates``, ``metric/split_followed`` (each
@@ -48,8 +59,9 @@ agent called exactly its part's functions). ``evaluate`` adds ``bfcl/accuracy`` 
 
 Multi-turn (``transition="feedback"``, the default): the next prompt repeats the request, shows the
 agent's previous reply and names the team's missing calls (by function), wrong calls (which argument
-is missing, unexpected or has a wrong value, never the right value), calls not needed, and calls made
-by both agents; ``transition="plain"`` only asks for a revision.
+is missing, unexpected or has a wrong value, never the right value), calls not needed, calls made
+by both agents, the calls of the agent's own part it did not make (by position and function) and its
+calls outside its part; ``transition="plain"`` only asks for a revision.
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ from typing import Any
 import datasets
 
 from .base import Env, Formatter, TeamReward, agent_formatters, check_choices, register, summarize_scores
+from .bfcl_checker import PY_TYPES, CallCheck, check_call, check_value, standardize_string  # noqa: F401 (re-exported)
 from .feedback import MAX_PREVIOUS
 from .loaders import DatasetError, load_rows
 
@@ -80,19 +93,21 @@ LEVELS = (
     "level/format",
     "level/names",
     "level/args",
+    "level/part",
     "level/count",
     "level/exact",
     "level/duplicate",
     "level/empty",
 )
 WEIGHTS = {
-    "level/format": 1.0,
-    "level/names": 1.0,
-    "level/args": 1.5,
+    "level/format": 0.5,
+    "level/names": 0.5,
+    "level/args": 1.0,
+    "level/part": 2.0,
     "level/count": 0.5,
-    "level/exact": 1.0,
+    "level/exact": 0.5,
     "level/duplicate": -1.0,
-    "level/empty": -1.0,
+    "level/empty": -0.5,
 }
 MAX_REWARD = sum(w for w in WEIGHTS.values() if w > 0)
 
@@ -187,140 +202,6 @@ def parse_calls(text: str) -> list[Call] | None:
 def calls_json(calls: list[Call]) -> str:
     """A list of calls in the reply format."""
     return json.dumps([{"name": c.name, "arguments": c.args} for c in calls], ensure_ascii=False)
-
-
-# --- BFCL's argument checker (its Python AST checker, ported) --------------------------------------
-
-PY_TYPES = {
-    "string": str,
-    "integer": int,
-    "float": float,
-    "boolean": bool,
-    "array": list,
-    "tuple": list,
-    "dict": dict,
-    "any": str,
-}
-
-
-def standardize_string(text: str) -> str:
-    """BFCL's string normalisation: drop spaces and ``,./-_*^``, lower-case, ``'`` -> ``"``."""
-    return re.sub(r"[ \,\.\/\-\_\*\^]", "", text).lower().replace("'", '"')
-
-
-def _std(value: Any) -> Any:
-    return standardize_string(value) if type(value) is str else value
-
-
-def _type_check(value: Any, possible: list, expected: type | None, nested: type | None) -> tuple[bool, bool]:
-    """(type ok, is a 'variable'): BFCL's ``type_checker``."""
-    answer_type = next((type(a) for a in possible if not (type(a) is str and a == "")), None)
-    is_variable = answer_type is not None and answer_type is not expected
-    if expected is not None and type(value) is expected:
-        if nested is None:
-            return True, is_variable
-        for item in possible:
-            ok = True
-            if type(item) is list:
-                ok = all(_type_check(v, item, nested, None)[0] for v in value)
-            if ok:
-                return True, is_variable
-        return False, False
-    if answer_type is not None and type(value) is answer_type:
-        return True, True
-    return False, False
-
-
-def _list_check(value: list, possible: list) -> bool:
-    model = [_std(v) for v in value]
-    alternatives = [[_std(x) for x in alt] for alt in possible if isinstance(alt, (list, tuple, str))]
-    return model in alternatives
-
-
-def _dict_check(value: dict, possible: list) -> bool:
-    for alt in possible:
-        if not isinstance(alt, dict):
-            continue
-        ok = all(key in alt and _std(v) in [_std(x) for x in alt[key]] for key, v in value.items())
-        if ok and all(key in value or "" in vals for key, vals in alt.items()):
-            return True
-    return False
-
-
-def _list_dict_check(value: list, possible: list) -> bool:
-    for alt in possible:
-        if isinstance(alt, (list, str)) and len(alt) == len(value):
-            if all(isinstance(v, dict) and _dict_check(v, [a]) for v, a in zip(value, alt)):
-                return True
-    return False
-
-
-def check_value(value: Any, possible: list, detail: dict) -> str | None:
-    """None when ``value`` matches one of ``possible`` (BFCL's semantics), else what is wrong."""
-    type_name = detail.get("type")
-    expected = PY_TYPES.get(type_name)
-    nested = PY_TYPES.get((detail.get("items") or {}).get("type")) if type_name in ("array", "tuple") else None
-    if type_name == "float" and type(value) is int:
-        value = float(value)
-    ok, is_variable = _type_check(value, possible, expected, nested)
-    if expected is None:  # a type BFCL does not know: compare the value only
-        ok, is_variable = True, False
-    if not ok:
-        return f"wrong type (expected {type_name})"
-    if is_variable:
-        ok = value in possible
-    elif expected is dict:
-        ok = _dict_check(value, possible)
-    elif expected is list and nested is dict:
-        ok = _list_dict_check(value, possible)
-    elif expected is str or (expected is None and type(value) is str):
-        ok = standardize_string(value) in [standardize_string(a) for a in possible if type(a) is str]
-    elif expected is list:
-        ok = _list_check(value, possible)
-    else:
-        ok = value in possible
-    return None if ok else "wrong value"
-
-
-@dataclass(frozen=True)
-class CallCheck:
-    """One call against one needed call: accepted by BFCL, and the arguments right out of those considered."""
-
-    valid: bool
-    n_ok: int
-    n_total: int
-    errors: tuple[str, ...] = ()
-
-    @property
-    def score(self) -> float:
-        """1 when accepted, else the fraction of arguments that are right."""
-        return 1.0 if self.valid else (self.n_ok / self.n_total if self.n_total else 0.0)
-
-
-def check_call(doc: dict | None, args: dict, possible: dict) -> CallCheck:
-    """BFCL's ``simple_function_checker`` (Python) for a call whose name matches, argument by argument.
-
-    The arguments considered: the function's required ones, the possible answer's and the call's. Each is
-    right when given with a matching value, or omitted while optional (``""`` among its alternatives and
-    not required). The call is accepted when all are right."""
-    params = (doc or {}).get("parameters") or {}
-    props = params.get("properties") or {k: {} for k in possible}
-    required = list(params.get("required") or [])
-    names = list(dict.fromkeys([*required, *possible, *args]))
-    errors = []
-    for name in names:
-        if name in args:
-            if name not in props or name not in possible:
-                errors.append(f"unexpected argument '{name}'")
-                continue
-            problem = check_value(args[name], possible[name], props[name])
-            if problem:
-                errors.append(f"{problem} for '{name}'")
-        elif name in required:
-            errors.append(f"missing required argument '{name}'")
-        elif name in possible and "" not in possible[name]:
-            errors.append(f"missing argument '{name}'")
-    return CallCheck(not errors, len(names) - len(errors), len(names), tuple(errors))
 
 
 # --- tasks and scoring -----------------------------------------------------------------------------
@@ -437,6 +318,8 @@ class BfclJudgement:
     calls: list[tuple[int, Call]]  # (agent, call) of the union, agent 1's first
     checks: dict[tuple[int, int], CallCheck]  # (call index, needed index) -> check
     pairs: list[tuple[int, int]]  # the best assignment (call index, needed index)
+    parts: list[list[int]]  # the needed calls (indices) each agent makes
+    part_pairs: list[list[tuple[int, int]]]  # per agent: the best assignment of its calls to its part
     duplicates: list[int]  # union indices of calls that repeat an earlier agent's call
     levels: dict[str, float]
     metrics: dict[str, float]
@@ -449,15 +332,33 @@ class BfclJudgement:
         return {"reward": self.reward, **self.levels, **self.metrics}
 
 
+def _weights(task: BfclTask, calls: list[tuple[int, Call]], checks: dict) -> list[list[float | None]]:
+    """The argument score of each call (rows) for each needed call (columns); None where it cannot stand for it
+    (another function, or no argument right). Fills ``checks`` ((call index, needed index) -> check)."""
+    weights: list[list[float | None]] = []
+    for t, (_, call) in enumerate(calls):
+        row: list[float | None] = []
+        for g, (name, possible) in enumerate(task.needed):
+            if task.canonical(call.name) != name:
+                row.append(None)
+                continue
+            checks[(t, g)] = check_call(task.docs.get(name), call.args, possible)
+            row.append(checks[(t, g)].score or None)  # no argument right: not this needed call
+        weights.append(row)
+    return weights
+
+
 def judge(task: BfclTask, replies: list[str]) -> BfclJudgement:
     """Score one joint answer (module docstring)."""
     num_agents = len(replies)
     per_agent = [parse_calls(r) for r in replies]
     calls = [(i, c) for i, cs in enumerate(per_agent) for c in (cs or [])]
     n, n_calls = len(task.needed), len(calls)
+    parts = task.parts(num_agents)
     levels = {k: 0.0 for k in LEVELS}
     levels["level/format"] = sum(cs is not None for cs in per_agent) / num_agents
-    levels["level/empty"] = sum(cs == [] for cs in per_agent) / num_agents
+    owners = [cs for cs, part in zip(per_agent, parts) if part]  # an agent with no call to make may stay silent
+    levels["level/empty"] = sum(cs == [] for cs in owners) / max(1, len(owners))
     # the same call (name and arguments) made by an earlier agent
     seen: dict[tuple, int] = {}
     duplicates = []
@@ -474,25 +375,26 @@ def judge(task: BfclTask, replies: list[str]) -> BfclJudgement:
     levels["level/names"] = 2 * overlap / (n + n_calls) if n + n_calls else 0.0
     checks: dict[tuple[int, int], CallCheck] = {}
     pairs: list[tuple[int, int]] = []
+    part_pairs: list[list[tuple[int, int]]] = [[] for _ in parts]
     correct = 0
     if levels["level/names"] > 0:
-        weights: list[list[float | None]] = []
-        for t, (_, call) in enumerate(calls):
-            row: list[float | None] = []
-            for g, (name, possible) in enumerate(task.needed):
-                if task.canonical(call.name) != name:
-                    row.append(None)
-                    continue
-                checks[(t, g)] = check_call(task.docs.get(name), call.args, possible)
-                row.append(checks[(t, g)].score or None)  # no argument right: not this needed call
-            weights.append(row)
+        weights = _weights(task, calls, checks)
         total, pairs = best_assignment(weights, n)
         valid = [[1.0 if w == 1.0 else None for w in row] for row in weights]
         correct = round(best_assignment(valid, n)[0])
         levels["level/args"] = total / n
         levels["level/count"] = max(0.0, 1.0 - abs(n_calls - n) / n)
-        levels["level/exact"] = float(n_calls == n and correct == n)
-    parts = task.parts(num_agents)
+        # each agent's own calls against its own part: a soft F1, 2 x (argument scores) / (|part| + its calls)
+        own, exact = [], []
+        for agent, part in enumerate(parts):
+            mine = [t for t, (a, _) in enumerate(calls) if a == agent]
+            value, local = best_assignment([[weights[t][g] for g in part] for t in mine], len(part))
+            part_pairs[agent] = [(mine[i], part[j]) for i, j in local]
+            own.append(2 * value / (len(part) + len(mine)) if part or mine else 1.0)
+            accepted = sum(checks[p].valid for p in part_pairs[agent])
+            exact.append(len(mine) == len(part) == accepted)
+        levels["level/part"] = sum(own) / len(own)
+        levels["level/exact"] = float(all(exact))
     split_followed = all(
         cs is not None
         and Counter(task.canonical(c.name) for c in cs) == Counter(task.needed[g][0] for g in part)
@@ -509,7 +411,7 @@ def judge(task: BfclTask, replies: list[str]) -> BfclJudgement:
         "metric/n_duplicates": float(len(duplicates)),
         "metric/split_followed": float(split_followed),
     }
-    return BfclJudgement(task, per_agent, calls, checks, pairs, duplicates, levels, metrics)
+    return BfclJudgement(task, per_agent, calls, checks, pairs, parts, part_pairs, duplicates, levels, metrics)
 
 
 def oracle_replies(task: BfclTask, num_agents: int = 2) -> list[str]:
@@ -572,6 +474,16 @@ def feedback_text(j: BfclJudgement, agent: int) -> str:
     missing = Counter(name for g, (name, _) in enumerate(j.task.needed) if g not in matched)
     for name, count in missing.items():
         lines.append(f"- Missing: {count} call{'s' if count > 1 else ''} to `{name}`.")
+    if len(j.parts) > 1:  # the agent's own part: its needed calls it did not make, its calls outside it
+        own = dict(j.part_pairs[agent])
+        absent = [g for g in j.parts[agent] if g not in own.values()]
+        if absent:
+            lines.append(f"- Missing from your part: {_part_text(absent, j.task)}.")
+        others = [p for a, p in enumerate(j.parts) if a != agent and p]
+        theirs = f"; your teammate makes {_part_text(others[0], j.task)}" if others else ""
+        for t, (a, call) in enumerate(j.calls):
+            if a == agent and t not in own and t in assigned and t not in j.duplicates:
+                lines.append(f"- Outside your part: your call {_short(call)}{theirs}.")
     if not lines:
         return "The team's calls are all correct."
     n_ok = round(j.metrics["metric/calls_correct"] * len(j.task.needed))
@@ -675,7 +587,9 @@ def _part_text(indices: list[int], task: BfclTask) -> str:
     names = ", ".join(f"`{task.needed[g][0]}`" for g in indices)
     if len(indices) == 1:
         return f"call {indices[0] + 1} ({names})"
-    return f"calls {indices[0] + 1}-{indices[-1] + 1} ({names})"
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        return f"calls {indices[0] + 1}-{indices[-1] + 1} ({names})"
+    return f"calls {', '.join(str(g + 1) for g in indices)} ({names})"
 
 
 def _docs_text(task: BfclTask) -> str:

@@ -6,11 +6,12 @@ crosses between them, so a program cannot fake a passing test (``verdict="split"
 Public API::
 
     run_tests(program, tests, kind="asserts" | "unittest", setup="", limits=None, timeout=None,
-              verdict="split" | "shared" | "legacy")
+              verdict="split" | "strict" | "shared" | "legacy")
     run_many(jobs, max_workers=None, progress=False)
     network_isolation_available()
     isolation_mode()                 # "ns-root" | "ns-user" | "uid" | "plain"
     static_test_count(tests, kind)   # tests requested, without running anything
+    needs_interpreter(tests, setup)  # why tests would need the program's interpreter (None: they do not)
     SandboxLimits, SandboxResult (.suspect: signs of reward hacking), TestOutcome
 
 See docs/sandbox.md for what is isolated and how.
@@ -19,6 +20,7 @@ See docs/sandbox.md for what is isolated and how.
 from ._isolation import current_isolation, network_isolation_available
 from ._runner import run_many, run_tests, static_test_count
 from ._types import SandboxLimits, SandboxResult, TestOutcome
+from ._verdict import shared_reason as needs_interpreter
 
 
 def isolation_mode() -> str:
@@ -31,6 +33,7 @@ __all__ = [
     "SandboxResult",
     "TestOutcome",
     "isolation_mode",
+    "needs_interpreter",
     "network_isolation_available",
     "run_many",
     "run_tests",

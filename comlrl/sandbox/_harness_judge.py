@@ -88,6 +88,7 @@ class Link:
         self.suspects = 0
         self.notes: list[str] = []  # reasons attached to the current test's failure message
         self.needs_shared: str | None = None
+        self.strict = False  # verdict="strict": never fall back to one interpreter
         self.handles: dict[tuple, Remote] = {}
         self.exc_classes: dict[str, type] = {}
         self.resolved: dict[int, list] = {}  # id(judge object) -> the program's reference to it
@@ -495,6 +496,11 @@ def _tracking(emit, link: Link):  # noqa: ANN001, ANN202
         if kind == "start":
             link.notes = []
         elif kind == "test" and all(k in fields for k in test_fields):
+            if link.strict and link.needs_shared is not None:
+                # This test passed the program something that is not data; strict: the test stays failed
+                # here, named, and the next tests still run apart from the program.
+                fields["shared_reason"] = link.needs_shared
+                link.needs_shared = None
             if fields["status"] != "passed" and link.notes:
                 fields["message"] = ht.clip(f"{fields['message']} [{'; '.join(dict.fromkeys(link.notes))}]")
             link.notes = []
@@ -524,7 +530,9 @@ def run(cfg: dict, job: dict, emit, link: Link) -> None:  # noqa: ANN001
         failure = ht.load_source(job["tests"], "<tests>", namespace)
         if failure is not None:
             failure = ("program_error", "tests failed to load: " + failure[1])
-    if link.needs_shared is not None:
+    if link.needs_shared is not None and link.strict:
+        failure = ("program_error", f"setup: needs the program's interpreter ({link.needs_shared})")
+    elif link.needs_shared is not None:
         emit("needs_shared", reason=link.needs_shared)
         return
     if failure is not None:
@@ -536,7 +544,7 @@ def run(cfg: dict, job: dict, emit, link: Link) -> None:  # noqa: ANN001
         ht.run_unittests(namespace, job["per_test_timeout"], tracked, module=ht.TESTS_MODULE)
     else:
         ht.run_asserts(job["tests"], namespace, job["per_test_timeout"], tracked)
-    if link.needs_shared is not None:
+    if link.needs_shared is not None and not link.strict:
         emit("needs_shared", reason=link.needs_shared)
         return
     import resource
@@ -562,6 +570,7 @@ def main(cfg: dict, emit, ctl: socket.socket, info: dict, channel: int | None = 
     job = marshal.loads(hos.read_all(tests_fd))
     emit("hello", isolation=info)
     link = hr.LINK = Link(cfg, ctl, emit, channel)
+    link.strict = bool(job.get("strict"))
     try:
         run(cfg, job, emit, link)
     finally:

@@ -415,6 +415,7 @@ def execute(
         tests = {k: job.get(k, "") for k in ("tests", "setup", "kind")}
         tests["per_test_timeout"] = limits.per_test_timeout
         tests["allow_shadowing"] = list(job.get("allow_shadowing") or ())
+        tests["strict"] = bool(job.get("strict"))
         payload = (marshal.dumps(job.get("program", "")), marshal.dumps(tests))
         raw = _run(cfg, payload, limits, start + timeout, uid, zygote)
     except BaseException:

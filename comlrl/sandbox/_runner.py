@@ -17,7 +17,7 @@ from ._types import TEST_STATUSES, SandboxLimits, SandboxResult, TestOutcome
 from ._verdict import shared_reason, warn_shared_once
 
 KINDS = ("asserts", "unittest")
-VERDICTS = ("split", "shared", "legacy")
+VERDICTS = ("split", "strict", "shared", "legacy")
 
 
 def _validate(program: Any, tests: Any, kind: Any, setup: Any, verdict: Any) -> None:
@@ -100,7 +100,12 @@ def _outcomes(records: list[dict], status: str, message: str) -> tuple[list[Test
         elif kind == "start":
             running = rec.get("index")
         elif kind == "test" and rec.get("status") in TEST_STATUSES:
-            outcome = TestOutcome(str(rec.get("name", "")), rec["status"], str(rec.get("message", "")))
+            outcome = TestOutcome(
+                str(rec.get("name", "")),
+                rec["status"],
+                str(rec.get("message", "")),
+                str(rec.get("shared_reason") or ""),
+            )
             index = rec.get("index")
             if isinstance(index, int) and index >= 0:
                 reported.setdefault(index, outcome)
@@ -171,8 +176,11 @@ def run_tests(
     ``timeout`` overrides ``limits.timeout`` (wall clock for the whole run).
     ``verdict``: "split" (default: the tests run in a judge process, the program in another, so
     it cannot fake a pass; tests that need the program's interpreter fall back to "shared"),
-    "shared" (program and tests in one interpreter), or "legacy" ("shared" in a freshly started
-    interpreter, without the warm zygote: how comlrl ran before; kept for comparison).
+    "strict" ("split" that never falls back: for tests written by a model, whose text must not
+    choose the mode; a test that passes the program non-data fails with
+    ``TestOutcome.shared_reason`` set), "shared" (program and tests in one interpreter), or
+    "legacy" ("shared" in a freshly started interpreter, without the warm zygote: how comlrl ran
+    before; kept for comparison).
     ``allow_shadowing``: names of the program's globals that the tests may use although they are
     a builtin's name (an entry point called ``sum``); any other such global stays hidden from the
     tests, which keep the builtin (a program must not redefine the ``abs`` a test compares with).
@@ -187,13 +195,14 @@ def run_tests(
         warn_network_once()
     job = {"program": program, "tests": tests if isinstance(tests, str) else list(tests), "kind": kind, "setup": setup}
     job["allow_shadowing"] = [str(n) for n in allow_shadowing]
+    job["strict"] = verdict == "strict"
     fallback = shared_reason(tests, setup) if verdict == "split" else None
     if fallback is not None:
         warn_shared_once(fallback)
         verdict = "shared"
     raw = _execute(job, iso, limits, wall, verdict)
     needs_shared = next((r for r in raw.records if r.get("type") == "needs_shared"), None)
-    if needs_shared is not None:  # the tests pass the program something that is not data
+    if needs_shared is not None and verdict == "split":  # the tests pass the program something that is not data
         fallback = f"pass the program non-data arguments ({needs_shared.get('reason', '')})"
         warn_shared_once(fallback)
         raw = _execute(job, iso, limits, wall, "shared")
@@ -211,7 +220,7 @@ def _execute(job: dict, iso: Any, limits: SandboxLimits, wall: float, verdict: s
         limits=limits,
         timeout=wall,
         nproc=nproc_limit(iso.mode, limits.max_processes),
-        verdict="split" if verdict == "split" else "shared",
+        verdict="split" if verdict in ("split", "strict") else "shared",
     )
     if zygote is not None:
         try:

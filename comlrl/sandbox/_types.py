@@ -49,6 +49,8 @@ class TestOutcome:
     name: str  # e.g. "assert 0", "check", "TestFoo.test_bar"
     status: str  # "passed" | "failed" | "error" | "timeout"
     message: str = ""
+    # verdict="strict": why this test would have needed the program's interpreter (it failed instead)
+    shared_reason: str = ""
 
 
 @dataclass
