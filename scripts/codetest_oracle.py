@@ -17,8 +17,8 @@ import sys
 import time
 
 from comlrl import envs
-from comlrl.envs.code_tasks import task_from_row
-from comlrl.envs.codetest_asserts import hidden_asserts
+from comlrl.envs.coding.codetest_asserts import hidden_asserts
+from comlrl.envs.coding.tasks import task_from_row
 
 MBPP_SPLITS = ("prompt", "test", "validation", "train")
 

@@ -10,7 +10,7 @@ from tiny import tiny_model, tiny_tokenizer
 from comlrl.algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt, join_roles
 from comlrl.config import CentralizedMAGRPOConfig, MAGRPOConfig
 from comlrl.engine.rewards import compute_rewards
-from comlrl.envs.baselines import run_baseline
+from comlrl.envs.core.baselines import run_baseline
 from comlrl.errors import ConfigError
 from comlrl.trainers.centralized import CentralizedMAGRPOTrainer, RolePrompt, RoleSplitReward
 

@@ -234,12 +234,12 @@ def test_eval_command_team_and_evaluation_during_training(tiny_dir, tmp_path, ca
 
 
 def test_eval_baselines(tiny_dir, tmp_path, capsys):
-    baselines = pytest.importorskip("comlrl.envs.baselines")
+    baselines = pytest.importorskip("comlrl.envs.core.baselines")
     with toy_env.registered():
         rows = toy_env.write_rows(tmp_path / "rows.jsonl")
         cfg_path = toy_env.write_config(tmp_path / "toy.yaml", rows, tiny_dir)
         if not hasattr(baselines, "run_baseline"):
-            pytest.skip("comlrl.envs.baselines.run_baseline is not there yet")
+            pytest.skip("comlrl.envs.core.baselines.run_baseline is not there yet")
         assert main(["eval", cfg_path, "--baseline", "parallel", "--baseline", "sequential"]) == 0
     out = capsys.readouterr().out
     assert "parallel" in out and "sequential" in out

@@ -3,7 +3,7 @@
 import pytest
 
 import comlrl.envs as envs
-from comlrl.envs.baselines import format_table, run_baseline
+from comlrl.envs.core.baselines import format_table, run_baseline
 from comlrl.envs.writing import MARKER, TLDR_TIERS, score_writing
 
 CONCISE = "aaaa bbbb cccc dddd eeee ffff gggg hhhhh"  # 8 tokens, 40 characters

@@ -6,7 +6,7 @@ import pytest
 
 import comlrl.envs as envs
 from comlrl.envs import DatasetError
-from comlrl.envs.classeval import Method, assign_methods, count_params, parse_answer, task_from_row
+from comlrl.envs.coding.classeval import Method, assign_methods, count_params, parse_answer, task_from_row
 
 DEPOSIT = (
     "    def deposit(self, amount):\n        if amount < 0:\n            raise ValueError('Invalid amount')\n"

@@ -9,8 +9,8 @@ import pytest
 
 import comlrl.envs as envs
 from comlrl.envs import DatasetError
-from comlrl.envs.code import helper_names
-from comlrl.envs.code_tasks import mbpp_entry_point, split_check_tests, task_from_row
+from comlrl.envs.coding.functions import helper_names
+from comlrl.envs.coding.tasks import mbpp_entry_point, split_check_tests, task_from_row
 
 ROW = {  # a HumanEval-format problem with three asserts
     "task_id": "toy/0",

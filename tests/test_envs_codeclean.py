@@ -2,7 +2,7 @@
 
 import ast
 
-from comlrl.envs.codeclean import (
+from comlrl.envs.coding.clean import (
     clean_code,
     compiles,
     fix_first_line_indent,

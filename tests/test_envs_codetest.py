@@ -9,10 +9,17 @@ import pytest
 
 import comlrl.envs as envs
 from comlrl.envs import DatasetError, run_baseline
-from comlrl.envs.code_tasks import task_from_row
-from comlrl.envs.codetest_asserts import classify_mutant, extract_asserts, hidden_asserts
-from comlrl.envs.codetest_judge import CODETEST_LEVELS
-from comlrl.envs.mutants import OPERATORS, flip_comparison, make_mutants, negate_condition, off_by_one, swap_operator
+from comlrl.envs.coding.codetest_asserts import classify_mutant, extract_asserts, hidden_asserts
+from comlrl.envs.coding.codetest_judge import CODETEST_LEVELS
+from comlrl.envs.coding.mutants import (
+    OPERATORS,
+    flip_comparison,
+    make_mutants,
+    negate_condition,
+    off_by_one,
+    swap_operator,
+)
+from comlrl.envs.coding.tasks import task_from_row
 from comlrl.errors import ComlrlError
 from comlrl.sandbox import SandboxResult, TestOutcome
 

@@ -9,8 +9,8 @@ against the honest answer on the same problem in one batched reward call.
 import pytest
 
 import comlrl.envs as envs
-from comlrl.envs.code_tasks import task_from_row
-from comlrl.envs.codetest_asserts import hidden_asserts
+from comlrl.envs.coding.codetest_asserts import hidden_asserts
+from comlrl.envs.coding.tasks import task_from_row
 
 ROW = {
     "task_id": "toy/1",

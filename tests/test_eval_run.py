@@ -120,7 +120,7 @@ def test_eval_run_dir_of_a_lora_team_loads_adapters_on_the_shared_base(runs, cap
 
 
 def test_eval_run_dir_with_a_baseline_uses_the_trained_models(runs, capsys):
-    pytest.importorskip("comlrl.envs.baselines")
+    pytest.importorskip("comlrl.envs.core.baselines")
     run = runs["full"]
     with toy_env.registered():
         assert main(["eval", str(run), "--baseline", "parallel"]) == 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 
-from comlrl.envs import base
-from comlrl.envs.loaders import load_rows
+from comlrl.envs.core import base
+from comlrl.envs.core.loaders import load_rows
 
 NAME = "toy-length"
 

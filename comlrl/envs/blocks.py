@@ -58,8 +58,8 @@ from typing import Any
 
 import datasets
 
-from .base import Env, Formatter, TeamReward, agent_formatters, check_choices, register, summarize_scores
-from .loaders import DatasetError, load_rows
+from .core.base import Env, Formatter, TeamReward, agent_formatters, check_choices, register, summarize_scores
+from .core.loaders import DatasetError, load_rows
 
 KINDS = ("str_build", "house_build")
 TRANSITIONS = ("feedback", "plain")

@@ -40,9 +40,9 @@ from typing import Any
 import datasets
 
 from ..errors import ComlrlError
-from .base import Env, Formatter, TeamReward, register
-from .loaders import load_rows, text_field
-from .packaged import PACKAGED
+from .core.base import Env, Formatter, TeamReward, register
+from .core.loaders import load_rows, text_field
+from .core.packaged import PACKAGED
 from .wordlists import STOPWORDS, TRANSITIONS
 
 MARKER = "### PART 2"

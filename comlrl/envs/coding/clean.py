@@ -28,7 +28,7 @@ import textwrap
 import warnings
 from dataclasses import dataclass, field
 
-from ..pyast import parse_quiet
+from ...pyast import parse_quiet
 
 _FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+#.-]*)")
 _NON_PYTHON_FENCES = {"bash", "sh", "shell", "console", "text", "txt", "output", "json", "plaintext", "none", "diff"}

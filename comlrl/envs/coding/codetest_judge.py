@@ -1,5 +1,5 @@
 """codetest's team reward: every program of a reward call in the sandbox, each assert classified by behaviour,
-the levels (module docstring of :mod:`comlrl.envs.codetest`)."""
+the levels (module docstring of :mod:`comlrl.envs.coding.codetest`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ComlrlError
-from ..pyast import parse_quiet
-from .base import TeamReward
-from .code import run_sandboxed
-from .code_tasks import CodeTask, task_from_row
-from .codeclean import clean_code, compiles
+from ...errors import ComlrlError
+from ...pyast import parse_quiet
+from ..core.base import TeamReward
+from .clean import clean_code, compiles
 from .codetest_asserts import (
     AssertSet,
     Foil,
@@ -26,7 +24,9 @@ from .codetest_asserts import (
     shared_reasons,
     statuses,
 )
+from .functions import run_sandboxed
 from .mutants import Mutant, make_mutants
+from .tasks import CodeTask, task_from_row
 
 CODETEST_LEVELS = (
     "level/defined",
@@ -255,7 +255,7 @@ class CodeTestReward(TeamReward):
 
     # --- sandbox jobs --------------------------------------------------------------------------------
     def _job(self, program: str, tests: list[str] | tuple[str, ...], task: CodeTask, verdict: str = "split") -> dict:
-        from ..sandbox import SandboxLimits
+        from ...sandbox import SandboxLimits
 
         wall = max(10.0, 3.0 * self.test_timeout + 5.0)
         limits = SandboxLimits(per_test_timeout=self.test_timeout, timeout=wall, cpu_seconds=int(wall))

@@ -9,7 +9,7 @@ Every environment's ``load_dataset(source, split, limit)`` goes through :func:`l
 * ``source`` None: the environment's ``default`` rows (the data shipped in the package, see
   :mod:`.packaged`), never the network.
 
-The source used is logged at INFO (``comlrl.envs.loaders``).
+The source used is logged at INFO (``comlrl.envs.core.loaders``).
 
 Rows are validated (a missing file, malformed JSON or a missing field raises :class:`DatasetError`
 naming the file, the 1-based row number and the field) and normalised by the environment.
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import datasets
 
-from ..errors import ComlrlError
+from ...errors import ComlrlError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import datasets
 
-from ..errors import ComlrlError
+from ...errors import ComlrlError
 
 Formatter = Callable[[dict], str]
 

@@ -6,7 +6,7 @@ further helpers named ``aux2``, ``aux3``, ... (agent k, 1-based, writes ``aux{k}
 the entry point. With one agent (the single-agent baseline / plain GRPO) the agent writes the whole
 program and may define ``aux`` inside it.
 
-Each answer is cleaned (:mod:`comlrl.envs.codeclean`): a helper's answer loses any definition of the
+Each answer is cleaned (:mod:`comlrl.envs.coding.clean`): a helper's answer loses any definition of the
 entry point or another agent's helper, the main answer loses any redefinition of a helper
 (``metric/redefined_aux``). The team program is the prompt's context (imports, given helper functions)
 + the helpers' code + the main code; it runs against the problem's tests in the sandbox
@@ -56,12 +56,12 @@ from typing import Any, Callable
 
 import datasets
 
-from .base import Env, Formatter, TeamReward, register, summarize_scores
-from .code_tasks import CodeTask, normalize_humaneval_row, normalize_mbpp, task_from_row
-from .codeclean import CleanCode, clean_code, compiles, helper_references, ignored_helper_calls, is_trivial_wrapper
-from .feedback import TRANSITION_MODES, code_feedback, revision_prompt
-from .loaders import load_rows
-from .packaged import PACKAGED
+from ..core.base import Env, Formatter, TeamReward, register, summarize_scores
+from ..core.feedback import TRANSITION_MODES, code_feedback, revision_prompt
+from ..core.loaders import load_rows
+from ..core.packaged import PACKAGED
+from .clean import CleanCode, clean_code, compiles, helper_references, ignored_helper_calls, is_trivial_wrapper
+from .tasks import CodeTask, normalize_humaneval_row, normalize_mbpp, task_from_row
 
 CODE_LEVELS = (
     "level/aux_defined",
@@ -178,7 +178,7 @@ def sandbox_metrics(result: Any) -> dict[str, float]:
 def run_sandboxed(jobs: list[dict], max_workers: int | None) -> list[Any]:
     """``sandbox.run_many`` on the jobs; a run that crashed before reporting any test is retried once
     (a program that really kills its interpreter crashes again and keeps that result)."""
-    from ..sandbox import run_many  # imported here: the sandbox is only needed when tests run
+    from ...sandbox import run_many  # imported here: the sandbox is only needed when tests run
 
     results = run_many(jobs, max_workers=max_workers) if jobs else []
     retry = [i for i, r in enumerate(results) if r.status == "crashed" and not r.tests]
@@ -245,7 +245,7 @@ class CodeReward(TeamReward):
         return judgements
 
     def _job(self, task: CodeTask, program: str) -> dict:
-        from ..sandbox import SandboxLimits
+        from ...sandbox import SandboxLimits
 
         # Whole-run budget: enough for correct programs, bounded for ones that loop in every test.
         wall = max(10.0, 3.0 * self.test_timeout + 5.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..algorithms.preference import centralized_prompt, split_roles
+from ...algorithms.preference import centralized_prompt, split_roles
 from .base import Env
 
 Generate = Callable[[int, list[str]], list[str]]

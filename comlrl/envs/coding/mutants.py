@@ -17,7 +17,7 @@ reference's ``ast.unparse``. :func:`make_mutants` interleaves the operators (the
 the second of each, ...) so that a small cap still mixes the kinds, and removes duplicates.
 
 Whether a mutant can be told apart from the reference at all is decided by running the hidden tests
-(:mod:`comlrl.envs.codetest` does, in the sandbox): one that passes all of them is *equivalent on the
+(:mod:`comlrl.envs.coding.codetest` does, in the sandbox): one that passes all of them is *equivalent on the
 hidden tests* and is dropped.
 """
 
@@ -29,7 +29,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..pyast import parse_quiet
+from ...pyast import parse_quiet
 
 OPERATORS = ("off_by_one", "flip_comparison", "swap_operator", "negate_condition")
 

@@ -65,7 +65,7 @@ class PackagedData:
 
 def read_packaged(file: str) -> list[dict]:
     """Every row of a packaged ``.json.gz`` / ``.jsonl.gz`` file (read through importlib.resources)."""
-    data = (resources.files(__package__) / DATA_DIR / file).read_bytes()
+    data = (resources.files("comlrl.envs") / DATA_DIR / file).read_bytes()
     return parse_json_records(gzip.decompress(data).decode("utf-8"), file.removesuffix(".gz"))
 
 

@@ -39,14 +39,14 @@ from typing import Any
 
 import datasets
 
-from ..errors import ComlrlError
-from ..pyast import parse_quiet
-from .base import Env, Formatter, TeamReward, register, summarize_scores
-from .code import run_sandboxed, sandbox_metrics
-from .codeclean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
-from .feedback import MAX_FAILURES, TRANSITION_MODES, revision_prompt
-from .loaders import load_rows
-from .packaged import PACKAGED
+from ...errors import ComlrlError
+from ...pyast import parse_quiet
+from ..core.base import Env, Formatter, TeamReward, register, summarize_scores
+from ..core.feedback import MAX_FAILURES, TRANSITION_MODES, revision_prompt
+from ..core.loaders import load_rows
+from ..core.packaged import PACKAGED
+from .clean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
+from .functions import run_sandboxed, sandbox_metrics
 
 SPLITS = ("params", "alternate", "round_robin", "contiguous")
 CLASS_LEVELS = ("level/parse", "level/methods_valid", "level/tests", "level/overlap")
@@ -351,7 +351,7 @@ class ClassEvalReward(TeamReward):
         return judgements
 
     def _limits(self, task: ClassTask) -> Any:
-        from ..sandbox import SandboxLimits
+        from ...sandbox import SandboxLimits
 
         # Whole-run budget: generous for correct classes, bounded for ones that loop in every test.
         wall = max(30.0, 3.0 * self.test_timeout)

@@ -24,8 +24,8 @@ import re
 import textwrap
 from dataclasses import dataclass
 
-from ..errors import ComlrlError
-from ..pyast import parse_quiet
+from ...errors import ComlrlError
+from ...pyast import parse_quiet
 
 _CHECK_NAME = "check"
 _BUILTINS = frozenset(dir(builtins))

@@ -1,5 +1,5 @@
 """codetest's static side: a tester's answer -> assert statements, the problem's hidden asserts, the foils, and
-per-test views of sandbox results (nothing here runs a program; see :mod:`comlrl.envs.codetest`)."""
+per-test views of sandbox results (nothing here runs a program; see :mod:`comlrl.envs.coding.codetest`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..pyast import parse_quiet
-from ..sandbox import needs_interpreter
-from .code_tasks import CodeTask
-from .codeclean import normalize_text
+from ...pyast import parse_quiet
+from ...sandbox import needs_interpreter
+from .clean import normalize_text
+from .tasks import CodeTask
 
 _FORBIDDEN_NAMES = frozenset(
     {"exec", "eval", "compile", "globals", "locals", "vars", "getattr", "setattr", "delattr", "open", "breakpoint"}

@@ -1,0 +1,1 @@
+"""Plumbing every environment shares: the interface and registry, data loading, packaged data, baselines."""
