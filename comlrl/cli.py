@@ -251,7 +251,7 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         results["team"] = trainer.evaluate()
         print(json.dumps(results["team"], indent=2))
     else:
-        from .envs.baselines import format_table, run_baseline
+        from .envs.core.baselines import format_table, run_baseline
 
         generate = make_generate(trainer)
         for mode in ns.baseline:
@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         "config.yaml; results also go to RUN_DIR/eval_final.json (eval_checkpoint-N.json). "
         "CONFIG: the model(s) the YAML config names, untrained. Without --baseline: the "
         "team's greedy evaluation (trainer.evaluate) on the config's evaluation rows. With "
-        "it: the baselines of comlrl.envs.baselines with those models, as a table.",
+        "it: the baselines of comlrl.envs.core.baselines with those models, as a table.",
     )
     p.add_argument(
         "target",

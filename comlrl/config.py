@@ -595,16 +595,23 @@ class MADPOConfig(PreferenceConfig):
 
     Differs from TRL's DPOConfig where the team makes it so: per_device_train_batch_size counts pairs (as in TRL),
     and a round's candidates come from the team itself (online), not from a fixed dataset, unless
-    preferences='dataset'. Log-probs are summed over every completion token up to and including the stop token,
-    at temperature 1 (the candidates are sampled at ``temperature``).
+    preferences='dataset'. Log-probs are taken over every completion token up to and including the stop token
+    (summed; averaged per token for IPO, as TRL), at temperature 1 (the candidates are sampled at ``temperature``).
     """
 
     per_device_train_batch_size: int = help_field(
         4, "Preference pairs per micro-batch (TRL's DPO meaning); gradient_accumulation_steps micro-batches per step."
     )
+    disable_dropout: bool = help_field(
+        True,
+        "Set every dropout probability of the agents' models to 0 (TRL's DPOConfig default). The reference "
+        "log-probs and evaluate() on labelled pairs are computed in eval mode either way.",
+    )
     beta: float = help_field(0.1, "DPO's beta: the scale of the implied reward beta * log(pi / ref) (TRL's default).")
     loss_type: str = help_field(
-        "sigmoid", f"One of {DPO_LOSS_TYPES}: DPO's -log sigmoid(beta h) or IPO's (h - 1/(2 beta))^2 (TRL's names)."
+        "sigmoid",
+        f"One of {DPO_LOSS_TYPES} (TRL's names and reductions): DPO's -log sigmoid(beta h) on log-probs summed over "
+        "each completion's tokens, or IPO's (h - 1/(2 beta))^2 on log-probs averaged per token.",
     )
     label_smoothing: float = help_field(
         0.0, "Conservative DPO: the label is wrong with this probability (sigmoid loss only), as TRL's option."
@@ -633,7 +640,10 @@ class MADPOConfig(PreferenceConfig):
     replay: str = help_field(
         "current",
         f"Which stored pairs a round trains on: one of {REPLAY_MODES}: this round's, the last replay_k rounds', "
-        "all, or all weighted by replay_decay ** age (age in rounds).",
+        "all, or all weighted by replay_decay ** age (age in rounds). A round's steps_per_round x "
+        "gradient_accumulation_steps x per_device_train_batch_size pair slots take every pair of the round "
+        "first, then pairs drawn from the pool with probability proportional to that weight; each counts once "
+        "in the loss.",
     )
     replay_k: int = help_field(2, "replay='last_k': rounds of pairs kept (1 = 'current').")
     replay_decay: float = help_field(0.5, "replay='decay': weight per round of age, in (0, 1].")
@@ -692,8 +702,17 @@ class MARLHFConfig(PreferenceConfig):
         0.2, "Stage 2: share of the pairs held out (by prompt) for the held-out pair accuracy."
     )
     reward_model_max_length: int = help_field(1024, "Stage 2: the reward model reads the last N tokens of its input.")
+    reward_model_normalize: bool = help_field(
+        True,
+        "Stage 3: the reward model's score is standardized, (s - mean) / std, with the mean and the (population) "
+        "std of its scores on the preference pairs' joint answers (both sides), computed once after stage 2 and "
+        "reported as reward_model/score_mean and reward_model/score_std; False: the raw score. (TRL's RLHF "
+        "trainers read the raw score.)",
+    )
     task_reward_weight: float = help_field(
-        0.0, "Stage 3: team reward = reward model score + task_reward_weight x the task reward (0: the model only)."
+        0.0,
+        "Stage 3: team reward = reward model score (standardized unless reward_model_normalize=False) + "
+        "task_reward_weight x the task reward (0: the model only).",
     )
 
     def __post_init__(self) -> None:

@@ -26,7 +26,11 @@ SECTIONS = [  # (class whose own fields the section lists, who has them)
     (config.ActorCriticConfig, "ActorCriticConfig (IACConfig, MAACConfig) only"),
     (config.CentralizedMAGRPOConfig, "CentralizedMAGRPOConfig only (and MAGRPOConfig's)"),
     (config.PreferenceConfig, "MADPOConfig and MARLHFConfig (how preference pairs are made)"),
-    (config.MADPOConfig, "MADPOConfig only (per_device_train_batch_size counts pairs)"),
+    (
+        config.MADPOConfig,
+        "MADPOConfig only (per_device_train_batch_size counts pairs; disable_dropout defaults to True, as in "
+        "TRL's DPOConfig)",
+    ),
     (config.MARLHFConfig, "MARLHFConfig only"),
 ]
 VARIANTS = [config.MAGRPOConfig, config.MAREINFORCEConfig, config.MARLOOConfig, config.MAReMaxConfig]

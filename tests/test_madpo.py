@@ -9,8 +9,10 @@ from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.algorithms.preference import team_dpo_loss
 from comlrl.config import MADPOConfig
+from comlrl.engine.logprobs import completion_logprobs
+from comlrl.engine.team import reference_mode
 from comlrl.errors import ConfigError
-from comlrl.trainers.preference import MADPOTrainer, read_jsonl, shard_path
+from comlrl.trainers.preference import MADPOTrainer, read_jsonl, shard_path, snapshot_rounds
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
@@ -116,9 +118,9 @@ def test_initial_comparator_pairs_across_teams_and_history_snapshots(tmp_path):
     assert (tmp_path / "run" / "pairs" / "team-round-00001.pt").is_file()
     summaries = read_jsonl(tmp_path / "run" / "pairs" / "rounds.jsonl")
     assert all(len(s["comparator_rewards"]) == len(s["team_rewards"]) for s in summaries)
-    # round 2's pool: rounds 0, 1, 2 with weights 0.25, 0.5, 1
-    weights = sorted({w for _, w in t._pool})
-    assert weights == [0.25, 0.5, 1.0]
+    # round 2's pool: rounds 0, 1, 2 with weights 0.25, 0.5, 1, drawn by weight; every pair counts once in the loss
+    assert {w for _, w in t._pool} == {1.0}
+    assert t.history[-1]["pairs/pool"] == sum(len(read_jsonl(shard_path(tmp_path / "run", r))) for r in range(3))
 
 
 def test_initial_comparator_generates_with_the_starting_weights(tmp_path):
@@ -244,20 +246,153 @@ def test_evaluate_on_labelled_pairs_reports_the_implied_preference(tmp_path):
 
 
 def test_model_comparator_answers_for_every_agent_in_the_teams_tokens(tmp_path):
+    """The comparator's answers are re-tokenized by the team's tokenizer; a finished answer keeps its stop token, a
+    truncated one (max_new_tokens reached) gets none, so the team is never taught to stop where it was cut."""
     other = tmp_path / "other"
     tiny_model(seed=5).save_pretrained(other)
     tiny_tokenizer().save_pretrained(other)
     t = trainer(tmp_path, comparator="model", comparator_model=str(other), num_rounds=1, steps_per_round=1)
+    original = t.rollout
+
+    def rollout(*args, **kwargs):
+        episode = original(*args, **kwargs)
+        if kwargs.get("agents") is not None:  # the comparator: agent 0's answers truncated, agent 1's finished
+            for i, s in enumerate(episode.turns[0].samples):
+                s.truncated = torch.full_like(s.truncated, i == 0)
+        return episode
+
+    t.rollout = rollout
     t.train()
     records = read_jsonl(shard_path(tmp_path / "run", 0))
     assert records and all(r["chosen_side"] != r["rejected_side"] for r in records)
     eos = t.agents[0].tokenizer.eos_token_id
+    seen = 0
     for r in records:
         for key in ("chosen", "rejected"):
-            if r[f"{key}_side"] == 1:  # re-tokenized by the team's tokenizer, ending with EOS
-                assert all(ids[-1] == eos for ids in r[f"{key}_ids"])
+            if r[f"{key}_side"] == 1:  # re-tokenized by the team's tokenizer
+                seen += 1
+                assert r[f"{key}_truncated"] == [True, False]
+                truncated_ids, finished_ids = r[f"{key}_ids"]
+                assert truncated_ids[-1] != eos and eos not in truncated_ids
+                assert finished_ids[-1] == eos
+                assert t.agents[0].tokenizer.decode(truncated_ids) == r[key][0]
+    assert seen
     assert t._model_team[0].model is t._model_team[1].model  # one comparator model for the team
     with pytest.raises(ConfigError, match="comparator_model"):
         MADPOConfig(comparator="model")
     with pytest.raises(ConfigError, match="comparator_model"):
         MADPOConfig(comparator_model=str(other))
+
+
+def test_each_round_trains_every_one_of_its_own_pairs(tmp_path):
+    """A round's steps train all of the round's own pairs, then replayed ones drawn by weight (loss weight 1)."""
+    t = trainer(
+        tmp_path,
+        num_rounds=3,
+        steps_per_round=2,
+        per_device_train_batch_size=3,
+        pairs_per_prompt=1,
+        replay="all",
+    )
+    trained: list[list[tuple[dict, float]]] = []
+    original = t.optimize_pairs
+
+    def spy(micro):
+        trained.append([entry for batch in micro for entry in batch])
+        return original(micro)
+
+    t.optimize_pairs = spy
+    t.train()
+    for r in range(3):
+        fresh = {(rec["row"], tuple(rec["chosen"]), tuple(rec["rejected"])) for rec in t._pairs_by_round[r]}
+        steps = trained[2 * r : 2 * r + 2]
+        seen = [(p["row"], tuple(p["chosen"]), tuple(p["rejected"])) for step in steps for p, _ in step]
+        assert len(seen) == 6  # steps_per_round x per_device_train_batch_size slots
+        assert fresh and fresh <= set(seen), f"round {r}: a fresh pair was not trained"
+        assert all(w == 1.0 for step in steps for _, w in step)  # the replay weight decides how often, not how much
+        replayed = sum(p["round"] < r for step in steps for p, _ in step)
+        assert t.history[2 * r]["pairs/replayed"] == replayed  # slots holding an earlier round's pair
+    assert t.history[-1]["pairs/pool"] == sum(len(t._pairs_by_round[r]) for r in range(3))
+
+
+def test_ipo_scores_token_mean_log_probs_as_trl(tmp_path):
+    t = MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=labelled(4),
+        args=cfg(tmp_path, preferences="dataset", loss_type="ipo", per_device_train_batch_size=4),
+    )
+    records = t._offline[:4]
+    tensors = [t._pair_tensors(a, records) for a in t.agents]
+    agent, x = t.agents[0], tensors[0]
+    with torch.no_grad():
+        tokens = completion_logprobs(agent.model, *x)
+    mean = tokens.sum(dim=1) / x[3].sum(dim=1)
+    torch.testing.assert_close(t._sequence_logps(agent, x), mean)
+    ref_c, ref_r = t._reference_logps(records, tensors)  # the reference is the initial model: the same values
+    torch.testing.assert_close(ref_c[0], mean[:4], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ref_r[0], mean[4:], rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_is_off_by_default_and_the_reference_is_scored_in_eval_mode(tmp_path):
+    assert MADPOConfig().disable_dropout is True  # TRL's DPOConfig default
+    t = MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=labelled(4),
+        args=cfg(tmp_path, preferences="dataset", disable_dropout=False, per_device_train_batch_size=2),
+        peft_config=LORA,
+    )
+    for agent in t.agents:  # attention dropout is applied in train mode only
+        for layer in agent.model.get_base_model().model.layers:
+            layer.self_attn.attention_dropout = 0.5
+        agent.model.train()
+    records = t._offline[:2]
+    tensors = [t._pair_tensors(a, records) for a in t.agents]
+    ref_c, ref_r = t._reference_logps(records, tensors)
+    assert all(a.model.training for a in t.agents)  # train mode restored
+    for agent, x in zip(t.agents, tensors):
+        agent.model.eval()
+        with torch.no_grad(), reference_mode(agent.model):
+            want = completion_logprobs(agent.model, *x).sum(dim=1)
+        agent.model.train()
+        torch.testing.assert_close(ref_c[agent.index], want[:2])
+        torch.testing.assert_close(ref_r[agent.index], want[2:])
+
+
+def test_evaluate_pairs_scores_in_eval_mode_and_restores_train_mode(tmp_path):
+    t = MADPOTrainer(
+        model=tiny_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=labelled(4),
+        eval_dataset=labelled(2),
+        args=cfg(tmp_path, preferences="dataset", per_device_train_batch_size=2),
+    )
+    seen = []
+    original = t._sequence_logps
+
+    def spy(agent, tensors, grad=False):
+        seen.append(agent.model.training)
+        return original(agent, tensors, grad)
+
+    t._sequence_logps = spy
+    for a in t.agents:
+        a.model.train()
+    t.evaluate()
+    assert seen and not any(seen)
+    assert all(a.model.training for a in t.agents)
+
+
+def test_history_snapshots_keep_only_what_the_comparator_can_still_pick(tmp_path):
+    assert snapshot_rounds(5, "history", 2) == {3, 4, 5}  # round 5 picks 3; rounds 6 and 7 will pick 4 and 5
+    assert snapshot_rounds(1, "history", 3) == {0, 1}  # rounds 1..3 pick round 0; round 4 picks 1
+    assert snapshot_rounds(4, "initial", 1) == {0}
+    assert snapshot_rounds(4, "current", 1) == set() and snapshot_rounds(4, "model", 1) == set()
+    t = trainer(tmp_path, comparator="history", comparator_lag=1, num_rounds=4, steps_per_round=1)
+    t.train()
+    files = sorted(p.name for p in (tmp_path / "run" / "pairs").glob("team-round-*.pt"))
+    assert files == ["team-round-00002.pt", "team-round-00003.pt"]
+    assert sorted(t._snapshots) == [2, 3]

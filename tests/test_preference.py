@@ -9,8 +9,10 @@ from comlrl.algorithms.preference import (
     bradley_terry_loss,
     join_roles,
     pair_accuracy,
+    replay_sample,
     replay_weights,
     select_pairs,
+    sequence_logps,
     split_roles,
     team_dpo_loss,
 )
@@ -299,3 +301,76 @@ def test_team_dpo_loss_pair_weights_scale_each_pair() -> None:
     assert float(m["loss"]) == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="pair_weights"):
         team_dpo_loss(pc, pr, None, None, 1.0, reference_free=True, pair_weights=torch.tensor([1.0]))
+
+
+# ----------------------------------------------------------------------------------------------- IPO (TRL's form)
+
+
+def test_sequence_logps_sum_for_sigmoid_token_mean_for_ipo() -> None:
+    # two rows of per-token log-probs, 0 where the mask is 0 (as completion_logprobs returns them)
+    tok = torch.tensor([[-1.0, -2.0, -3.0], [-2.0, -2.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert sequence_logps(tok, mask, "sigmoid").tolist() == [-6.0, -4.0]
+    assert sequence_logps(tok, mask, "ipo").tolist() == [-2.0, -2.0]  # -6 / 3, -4 / 2
+    # an empty completion (no tokens) averages to 0, not NaN
+    assert sequence_logps(torch.zeros(1, 2), torch.zeros(1, 2), "ipo").tolist() == [0.0]
+    with pytest.raises(ValueError, match="loss_type"):
+        sequence_logps(tok, mask, "hinge")
+
+
+def test_ipo_loss_on_token_mean_logps_matches_hand_computed() -> None:
+    # one agent, one pair. Chosen tokens (-1, -2, -3), rejected (-2, -2); reference chosen (-1, -1, -1), rejected
+    # (-1, -3). Token means: pc = -2, pr = -2, rc = -1, rr = -2, so h = (pc - rc) - (pr - rr) = -1 - 0 = -1.
+    # TRL's IPO: (h - 1/(2 beta))^2 with beta = 0.5: (-1 - 1)^2 = 4. (Summed log-probs would give h = -3, loss 16.)
+    tok = torch.tensor([[-1.0, -2.0, -3.0], [-2.0, -2.0, 0.0]])
+    ref = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -3.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    pol, rf = sequence_logps(tok, mask, "ipo"), sequence_logps(ref, mask, "ipo")
+    loss, m = team_dpo_loss(pol[None, :1], pol[None, 1:], rf[None, :1], rf[None, 1:], 0.5, loss_type="ipo")
+    assert float(loss) == pytest.approx(4.0) and float(m["margin"]) == pytest.approx(-1.0)
+    summed = sequence_logps(tok, mask, "sigmoid"), sequence_logps(ref, mask, "sigmoid")
+    loss_sum, _ = team_dpo_loss(
+        summed[0][None, :1], summed[0][None, 1:], summed[1][None, :1], summed[1][None, 1:], 0.5, loss_type="ipo"
+    )
+    assert float(loss_sum) == pytest.approx(16.0)
+
+
+# ------------------------------------------------------------------------------------------- replay sampling
+
+
+def test_replay_sample_always_takes_the_rounds_own_pairs_first() -> None:
+    # 3 fresh pairs (0, 1, 2) and 4 older ones; 5 slots: every fresh pair, then 2 draws by weight
+    weights = torch.tensor([1.0, 1.0, 1.0, 0.5, 0.5, 0.0, 0.25])
+    fresh = torch.tensor([True, True, True, False, False, False, False])
+    for seed in range(20):
+        idx = replay_sample(weights, fresh, 5, torch.Generator().manual_seed(seed))
+        assert len(idx) == 5 and idx[:3] == [0, 1, 2]
+        assert 5 not in idx  # weight 0: never drawn
+    a = replay_sample(weights, fresh, 5, torch.Generator().manual_seed(3))
+    assert a == replay_sample(weights, fresh, 5, torch.Generator().manual_seed(3))  # seeded: reproducible
+
+
+def test_replay_sample_draws_the_other_slots_in_proportion_to_weight() -> None:
+    # no fresh pair this round; weights 1, 0.5, 0.25, 0.25 (sum 2): expected shares 0.5, 0.25, 0.125, 0.125
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
+    fresh = torch.tensor([False, False, False, False])
+    idx = replay_sample(weights, fresh, 40000, torch.Generator().manual_seed(0))
+    share = torch.bincount(torch.tensor(idx), minlength=4).float() / len(idx)
+    assert share.tolist() == pytest.approx([0.5, 0.25, 0.125, 0.125], abs=0.01)
+    # with fresh pairs: each fresh one once, then every slot drawn from the whole pool by weight (fresh weigh 1)
+    weights = torch.tensor([1.0, 1.0, 0.5])
+    fresh = torch.tensor([True, True, False])
+    idx = replay_sample(weights, fresh, 20002, torch.Generator().manual_seed(1))
+    counts = torch.bincount(torch.tensor(idx[2:]), minlength=3).float() / 20000
+    assert idx[:2] == [0, 1] and counts.tolist() == pytest.approx([0.4, 0.4, 0.2], abs=0.01)
+
+
+def test_replay_sample_more_fresh_pairs_than_slots_takes_a_subset_of_them() -> None:
+    weights = torch.tensor([1.0] * 6 + [1.0, 1.0])
+    fresh = torch.tensor([True] * 6 + [False, False])
+    idx = replay_sample(weights, fresh, 4, torch.Generator().manual_seed(0))
+    assert len(idx) == 4 and len(set(idx)) == 4 and all(i < 6 for i in idx) and idx == sorted(idx)
+    with pytest.raises(ValueError, match="no pair"):
+        replay_sample(torch.tensor([0.0]), torch.tensor([False]), 3, torch.Generator())
+    with pytest.raises(ValueError, match="weights"):
+        replay_sample(torch.tensor([1.0, 1.0]), torch.tensor([True]), 3, torch.Generator())

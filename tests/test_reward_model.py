@@ -19,12 +19,15 @@ from comlrl.engine.reward_model import (
     check_readable,
     joint_texts,
     load_reward_model,
+    readable_pairs,
     save_reward_model,
     score_joint,
+    score_stats,
     split_pairs_by_prompt,
     train_reward_model,
 )
 from comlrl.engine.rewards import compute_rewards
+from comlrl.engine.team import build_lora_team
 from comlrl.errors import ConfigError, RewardError
 
 
@@ -284,14 +287,85 @@ def test_reward_model_reward_mixes_a_task_reward():
         mixed(*ANSWERS)
 
 
-def test_reward_model_reward_refuses_text_its_tokenizer_cannot_read():
+def test_reward_model_reward_skips_and_counts_text_its_tokenizer_cannot_read():
+    """One odd sample must not end a long run: an unreadable joint action is not scored; it gets the neutral score
+    (the normalizing mean: 0 after normalizing) and level/unreadable = 1."""
     tok = word_tokenizer()
     model, tok = build_reward_model(tiny_model(vocab_size=len(tok)), tok, training="head")
-    reward = RewardModelReward(model, tok)
-    prompts = [["hello", "hello"], ["world", "world"]]
-    assert len(reward(["good answer", "hello"], ["world", "good"], prompts=prompts)) == 2
-    with pytest.raises(ConfigError, match="agent 2: .*'zebra'"):
-        reward(["good answer", "hello"], ["world", "good zebra"], prompts=prompts)
+    prompts = [["hello", "hello", "hello"], ["world", "world", "zebra"]]
+    answers = [["good answer", "hello", "good"], ["world", "good zebra", "world"]]
+    raw = score_joint(model, tok, prompts, answers).tolist()
+    plain = RewardModelReward(model, tok)
+    out = plain.score(*answers, prompts=prompts)
+    assert [d["level/unreadable"] for d in out] == [0.0, 1.0, 1.0]  # an answer, then a prompt, it cannot read
+    assert [d["reward"] for d in out] == pytest.approx([raw[0], 0.0, 0.0], abs=1e-6)
+    norm = RewardModelReward(model, tok, score_mean=0.5, score_std=2.0, normalize=True)
+    out = norm.score(*answers, prompts=prompts)
+    assert [d["reward"] for d in out] == pytest.approx([(raw[0] - 0.5) / 2.0, 0.0, 0.0], abs=1e-6)
+    assert [d["level/reward_model_raw"] for d in out] == pytest.approx([raw[0], 0.5, 0.5], abs=1e-6)
+    assert norm.unreadable == 2 and plain.unreadable == 2  # running counts
+
+
+def test_readable_pairs_skip_and_count_the_pairs_a_tokenizer_cannot_read():
+    tok = word_tokenizer()
+    good = {"row": 0, "prompts": ["hello", "world"], "chosen": ["good answer", "hello"], "rejected": ["good", "a"]}
+    pairs = [
+        {**good, "rejected": ["good", "world"]},
+        {**good, "row": 1, "chosen": ["good zebra", "hello"], "rejected": ["good", "world"]},  # an answer
+        {**good, "row": 2, "prompts": ["hello", "zebra"], "rejected": ["good", "world"]},  # a prompt
+        {**good, "row": 3, "rejected": ["good", "world"]},
+    ]
+    kept, skipped, why = readable_pairs(tok, pairs)
+    assert [p["row"] for p in kept] == [0, 3] and skipped == 2
+    assert "agent 1" in why and "zebra" in why
+    assert readable_pairs(tiny_tokenizer(), pairs) == (pairs, 0, None)  # byte-level reads anything
+
+
+def test_score_stats_are_the_mean_and_population_std():
+    # scores 1, 2, 3, 6: mean 3; squared deviations 4, 1, 0, 9 -> variance 14 / 4 = 3.5, std 1.870829
+    mean, std = score_stats(torch.tensor([1.0, 2.0, 3.0, 6.0]))
+    assert mean == pytest.approx(3.0) and std == pytest.approx(1.8708287, rel=1e-6)
+    assert score_stats(torch.tensor([2.0, 2.0])) == (pytest.approx(2.0), pytest.approx(1e-6))  # floored, no 1/0
+    with pytest.raises(ConfigError, match="no scores"):
+        score_stats(torch.empty(0))
+
+
+def test_reward_model_reward_normalizes_with_the_given_statistic():
+    model, tok = (
+        perturbed(build_reward_model(tiny_model(seed=3), tiny_tokenizer(), training="full")[0]),
+        tiny_tokenizer(),
+    )
+    raw = score_joint(model, tok, PROMPTS, ANSWERS)
+    mean, std = score_stats(raw)
+    reward = RewardModelReward(
+        model, tok, task_reward=task_reward, task_weight=0.5, score_mean=mean, score_std=std, normalize=True
+    )
+    out = reward.score(*ANSWERS, prompts=PROMPTS)
+    normed = [d["level/reward_model"] for d in out]
+    assert normed == pytest.approx(((raw - mean) / std).tolist(), abs=1e-5)
+    assert sum(normed) == pytest.approx(0.0, abs=1e-5)
+    assert [d["reward"] for d in out] == pytest.approx([normed[0] + 6.0, normed[1] + 7.5, normed[2] + 1.0], abs=1e-5)
+
+
+def test_reward_model_from_an_in_memory_model_with_lora_injected_has_no_adapter_layers():
+    """A team's LoRA is injected into the caller's model in place; the reward model is built from a clean copy."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    clean = tiny_model(seed=6)
+    injected = tiny_model(seed=6)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    build_lora_team([injected, injected], [0, 0], lora)  # the agents' adapters, in place
+    for training in ("full", "lora"):
+        model, tok = build_reward_model(injected, tiny_tokenizer(), training=training, seed=0)
+        names = [n for n, _ in model.backbone.named_parameters()]
+        assert not any("agent_" in n for n in names), [n for n in names if "agent_" in n][:3]
+        if training == "full":
+            assert not any(isinstance(m, BaseTunerLayer) for m in model.backbone.modules())
+            assert not any("lora_" in n for n in names)
+        want = build_reward_model(clean, tiny_tokenizer(), training=training, seed=0)[0]
+        torch.testing.assert_close(score_joint(model, tok, PROMPTS, ANSWERS), score_joint(want, tok, PROMPTS, ANSWERS))
+    assert any(isinstance(m, BaseTunerLayer) for m in injected.modules())  # the caller's model is untouched
 
 
 # ---------------------------------------------------------------------------------------------- save / load

@@ -2,14 +2,16 @@
 
 Shapes: N agents, P preference pairs. A *pair* is two joint actions of the whole team on one prompt, the chosen
 (preferred) one and the rejected one. ``policy_chosen`` etc. are (N, P): agent i's log-prob of its own completion
-in pair p, summed over the completion's tokens (the caller decides the reduction: these functions use whatever
-log-probs they are given).
+in pair p, reduced over the completion's tokens by :func:`sequence_logps` (summed for DPO, averaged per token for
+IPO, as TRL; the loss functions use whatever log-probs they are given).
 
 * :func:`team_dpo_loss`: multi-agent DPO (Rafailov et al. 2023) on the team's summed log-ratio margin, with
   per-agent credit (each agent's gradient flows only through its own term), sigmoid or IPO loss.
 * :func:`bradley_terry_loss`, :func:`pair_accuracy`: a learned joint reward model's pairwise loss.
 * :func:`select_pairs`: which (chosen, rejected) pairs to build from one prompt's K scored team candidates.
-* :func:`replay_weights`: how much pairs stored in earlier rounds of iterative training still count.
+* :func:`sequence_logps`: a completion's log-prob from its per-token log-probs, as the loss type reads it.
+* :func:`replay_weights`, :func:`replay_sample`: how much pairs stored in earlier rounds of iterative training still
+  count, and which pairs a round trains on (its own, then stored ones drawn by that weight).
 * :func:`split_roles`, :func:`join_roles`: the ``<agent_i>...</agent_i>`` tags of centralized training, where one
   model writes the whole team's answer; :func:`centralized_prompt`: that model's prompt, asking for those tags.
 """
@@ -35,13 +37,29 @@ def _sigmoid_loss(h: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
 def _ipo_loss(h: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
     """(h - 1/(2 beta))^2 (Azar et al. 2023, eq. 17) on the log-probs as given.
 
-    TRL averages the log-probs over each completion's tokens before this loss (its IPO branch); here that is the
-    caller's choice: pass token-mean log-probs to match TRL, summed ones for the paper's sequence log-ratio.
+    TRL averages the log-probs over each completion's tokens before this loss (its IPO branch), and so does
+    :func:`sequence_logps` for loss_type 'ipo'; summed log-probs give the paper's sequence log-ratio instead.
     """
     return (h - 1.0 / (2.0 * beta)) ** 2
 
 
 DPO_LOSSES: dict[str, DpoLoss] = {"sigmoid": _sigmoid_loss, "ipo": _ipo_loss}
+
+
+def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, loss_type: str = "sigmoid") -> torch.Tensor:
+    """Each completion's log-prob as ``loss_type`` reads it: (B, C) per-token log-probs and mask -> (B,).
+
+    'sigmoid': the sum over the completion's tokens (log pi(y | x)). 'ipo': the mean over them (the sum divided by
+    the number of tokens, at least 1), as TRL's DPOTrainer computes the log-probs for its IPO loss. Positions where
+    ``mask`` is 0 do not count.
+    """
+    if loss_type not in DPO_LOSSES:
+        raise ValueError(f"unknown DPO loss_type '{loss_type}'; valid: {sorted(DPO_LOSSES)}")
+    m = mask.to(token_logps.dtype)
+    total = (token_logps * m).sum(dim=-1)
+    if loss_type == "ipo":
+        return total / m.sum(dim=-1).clamp(min=1.0)
+    return total
 
 
 def agent_margins(
@@ -231,6 +249,35 @@ def replay_weights(ages: torch.Tensor, mode: str, k: int | None = None, decay: f
             raise ValueError(f"replay mode 'decay' needs 0 < decay <= 1, got decay={decay}")
         return torch.full(ages.shape, float(decay)) ** ages.float()
     return torch.ones(ages.shape)  # all
+
+
+def replay_sample(
+    weights: torch.Tensor, fresh: torch.Tensor, slots: int, generator: torch.Generator | None = None
+) -> list[int]:
+    """Which stored pairs a round trains on: ``slots`` indices into the pool, fresh ones first.
+
+    ``weights`` (P,) >= 0: each stored pair's replay weight (:func:`replay_weights`); ``fresh`` (P,) bool: the
+    pairs made this round. Every fresh pair is taken once (when there are more than ``slots``, a uniform random
+    subset of them, in index order); each remaining slot is drawn from the whole pool, fresh pairs included, with
+    probability w_p / sum(w), independently (with replacement), so a stored pair's expected count is proportional
+    to its weight. The weight decides how often a pair trains; each drawn pair then counts once in the loss.
+    Randomness from ``generator`` only (a seeded one gives the same sample).
+    """
+    if weights.dim() != 1 or fresh.shape != weights.shape:
+        raise ValueError(f"weights and fresh must both be (P,), got {tuple(weights.shape)} and {tuple(fresh.shape)}")
+    if (weights < 0).any() or not torch.isfinite(weights).all():
+        raise ValueError(f"weights must be finite and >= 0, got {weights.tolist()}")
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    w = weights.double()
+    new = [i for i in range(len(w)) if fresh[i] and w[i] > 0]
+    if len(new) >= slots:
+        keep = torch.randperm(len(new), generator=generator)[:slots].tolist()
+        return sorted(new[k] for k in keep)
+    if not (w > 0).any():
+        raise ValueError("no pair to train: every weight is 0")
+    drawn = torch.multinomial(w, slots - len(new), replacement=True, generator=generator).tolist()
+    return new + drawn
 
 
 # an opening or closing role tag; the index is checked against 1..N by its exact spelling (so <agent_01> is wrong)

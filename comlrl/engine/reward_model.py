@@ -3,7 +3,9 @@
 A :class:`JointRewardModel` is a :class:`~comlrl.engine.critic.ValueModel` (causal-LM backbone, scalar head read at
 the last token of a left-padded batch) that reads :func:`~comlrl.engine.critic.joint_action_text` (every agent's
 prompt and answer, labelled) followed by the tokenizer's EOS. It is trained with the Bradley-Terry loss on preference
-pairs and then scores rollouts as a batched reward function (:class:`RewardModelReward`).
+pairs and then scores rollouts as a batched reward function (:class:`RewardModelReward`), standardized with the
+mean and standard deviation of its scores on the pairs (:func:`score_stats`) so that its scale does not depend on
+how the model was trained.
 
 Pair records (written by the MADPO trainer, read here)::
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import random
@@ -38,6 +41,8 @@ from .models import load_model, load_tokenizer, unwrap_peft
 from .rewards import compute_rewards
 from .sampling import seeded
 from .team import wrap_lora
+
+log = logging.getLogger(__name__)
 
 TRAINING_MODES = ("lora", "head", "full")
 PAIR_KEYS = ("row", "prompts", "chosen", "rejected")
@@ -104,6 +109,25 @@ def attention_targets(model: torch.nn.Module) -> tuple[list[str] | str, bool]:
     return "all-linear", False
 
 
+def clean_copy(model: torch.nn.Module) -> PreTrainedModel:
+    """An independent copy of a loaded model without PEFT adapter layers: a PEFT wrapper is taken off and every
+    adapter layer injected into the model (a LoRA team's adapters are injected into the caller's model in place)
+    is replaced by the layer it wraps. The weights are the base's, in the model's current dtype."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    out = copy.deepcopy(unwrap_peft(model))
+    for name, module in list(out.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            parent_name, _, child = name.rpartition(".")
+            parent = out.get_submodule(parent_name) if parent_name else out
+            if getattr(parent, child, None) is module:  # not inside an adapter layer replaced already
+                setattr(parent, child, module.get_base_layer())
+    out.__dict__.pop("peft_config", None)
+    if getattr(out, "_hf_peft_config_loaded", False):
+        out._hf_peft_config_loaded = False
+    return out
+
+
 def build_reward_model(
     source: str | PreTrainedModel,
     tokenizer: str | PreTrainedTokenizerBase | None = None,
@@ -112,15 +136,15 @@ def build_reward_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> tuple[JointRewardModel, PreTrainedTokenizerBase]:
-    """A fresh reward model on the backbone ``source`` (anything :func:`load_model` takes; a loaded model is copied,
-    so the caller's model is untouched) and its tokenizer (``tokenizer``, else the source's; a pad token is set when
+    """A fresh reward model on the backbone ``source`` (anything :func:`load_model` takes; a loaded model is copied
+    without adapter layers by :func:`clean_copy`, so the caller's model is untouched) and its tokenizer (``tokenizer``, else the source's; a pad token is set when
     missing). The head and the LoRA adapters are initialized under ``seed``."""
     if training not in TRAINING_MODES:
         raise ConfigError(f"reward model training='{training}' is unknown; valid: {', '.join(TRAINING_MODES)}.")
     if training == "lora" and lora_r < 1:
         raise ConfigError(f"reward model lora_r must be >= 1, got {lora_r}.")
     tok = load_tokenizer(tokenizer if tokenizer is not None else source)
-    backbone = copy.deepcopy(source) if isinstance(source, PreTrainedModel) else load_model(source)
+    backbone = clean_copy(source) if isinstance(source, torch.nn.Module) else load_model(source)
     with seeded(seed):
         if training == "lora":
             from peft import LoraConfig
@@ -198,6 +222,40 @@ def check_readable(tokenizer: PreTrainedTokenizerBase, texts_per_agent: list[lis
                     f"{what} {i + 1}: the reward model's tokenizer ({type(tokenizer).__name__}) cannot read text {j}: "
                     f"{why}. Use a reward model whose tokenizer covers the agents' text (e.g. the agents' own model)."
                 )
+
+
+def joint_unreadable(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], answers: Sequence[str]) -> str | None:
+    """Why ``tokenizer`` cannot read one joint action (each agent's prompt and answer), naming the agent, or None."""
+    for what, texts in (("the prompt of agent", prompts), ("agent", answers)):
+        for i, text in enumerate(texts):
+            why = _unreadable(tokenizer, text)
+            if why is not None:
+                return f"{what} {i + 1}: {why}"
+    return None
+
+
+def readable_pairs(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[dict]) -> tuple[list[dict], int, str | None]:
+    """The pairs whose every text (each agent's prompt, chosen and rejected answer) ``tokenizer`` can read, the
+    number skipped, and why the first skipped one was (None when none was)."""
+    kept, first = [], None
+    for pair in pairs:
+        why = joint_unreadable(tokenizer, pair["prompts"], pair["chosen"]) or joint_unreadable(
+            tokenizer, pair["prompts"], pair["rejected"]
+        )
+        if why is None:
+            kept.append(pair)
+        elif first is None:
+            first = why
+    return kept, len(pairs) - len(kept), first
+
+
+def score_stats(scores: torch.Tensor, min_std: float = 1e-6) -> tuple[float, float]:
+    """(mean, std) of reward-model scores: the mean and the population standard deviation (divisor M), the std
+    floored at ``min_std`` so that standardizing never divides by 0."""
+    if scores.numel() == 0:
+        raise ConfigError("score_stats: no scores to take a mean and standard deviation of.")
+    x = scores.double().reshape(-1)
+    return float(x.mean()), max(float(x.std(unbiased=False)), min_std)
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -298,6 +356,19 @@ def _score_pairs(
         return score_joint(model, tokenizer, prompts, answers, batch_size, max_length)
 
     return side("chosen"), side("rejected")
+
+
+def pair_score_stats(
+    model: JointRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[dict],
+    batch_size: int = 16,
+    max_length: int = 1024,
+) -> tuple[float, float]:
+    """:func:`score_stats` of the model's scores of every pair's two joint answers (chosen and rejected)."""
+    n = check_pairs(pairs)
+    chosen, rejected = _score_pairs(model, tokenizer, pairs, n, batch_size, max_length)
+    return score_stats(torch.cat([chosen, rejected]))
 
 
 def train_reward_model(
@@ -403,8 +474,12 @@ class RewardModelReward:
     """A batched reward function (see :mod:`comlrl.engine.rewards`) scoring joint actions with a reward model,
     optionally plus ``task_weight`` times a task reward: r = RM(prompts, answers) + task_weight * task(...).
 
-    It needs ``prompts`` (the trainer passes them) and checks that the reward model's tokenizer can read every
-    prompt and completion. ``score`` also reports ``level/reward_model`` and ``level/task`` per joint action.
+    ``normalize``: RM is the standardized score (s - score_mean) / score_std (the statistic of
+    :func:`score_stats`), else the raw score s. It needs ``prompts`` (the trainer passes them). A joint action whose
+    prompt or completion the reward model's tokenizer cannot read is not scored: its raw score is ``score_mean``
+    (0 once standardized), it counts in ``unreadable`` and the first one is logged with the reason, so one odd
+    sample does not end a run. ``score`` reports per joint action ``level/reward_model`` (RM as added),
+    ``level/reward_model_raw``, ``level/unreadable`` (1 or 0) and, with a task reward, ``level/task``.
     """
 
     batched = True
@@ -417,15 +492,22 @@ class RewardModelReward:
         task_weight: float = 1.0,
         batch_size: int = 16,
         max_length: int = 1024,
+        score_mean: float = 0.0,
+        score_std: float = 1.0,
+        normalize: bool = False,
     ) -> None:
         if task_reward is not None and not callable(task_reward):
             raise ConfigError(f"task_reward must be a reward function, got {type(task_reward).__name__}.")
+        if not score_std > 0:
+            raise ConfigError(f"score_std must be > 0, got {score_std}.")
         self.model = model
         self.tokenizer = tokenizer
         self.task_reward = task_reward
         self.task_weight = float(task_weight)
         self.batch_size = batch_size
         self.max_length = max_length
+        self.score_mean, self.score_std, self.normalize = float(score_mean), float(score_std), normalize
+        self.unreadable = 0  # joint actions not scored so far: the tokenizer could not read them
 
     def score(
         self,
@@ -435,8 +517,8 @@ class RewardModelReward:
         turn: int = 1,
         **kwargs: Any,
     ) -> list[dict[str, float]]:
-        """Per joint action: ``reward`` (the total), ``level/reward_model``, and with a task reward ``level/task``
-        (plus the task reward's own levels)."""
+        """Per joint action: ``reward`` (the total), ``level/reward_model``, ``level/reward_model_raw``,
+        ``level/unreadable``, and with a task reward ``level/task`` (plus the task reward's own levels)."""
         completions = [list(c) for c in agent_completions]
         m = len(completions[0]) if completions else 0
         if prompts is None:
@@ -446,10 +528,33 @@ class RewardModelReward:
             )
         if len(prompts) != len(completions):
             raise RewardError(f"prompts= has {len(prompts)} agent list(s) for {len(completions)} agents' completions.")
-        check_readable(self.tokenizer, prompts, what="the prompt of agent")
-        check_readable(self.tokenizer, completions, what="agent")
-        scores = score_joint(self.model, self.tokenizer, prompts, completions, self.batch_size, self.max_length)
-        out = [{"reward": s, "level/reward_model": s} for s in scores.tolist()]
+        why = [joint_unreadable(self.tokenizer, [p[j] for p in prompts], [c[j] for c in completions]) for j in range(m)]
+        ok = [j for j in range(m) if why[j] is None]
+        raw = [self.score_mean] * m
+        if ok:
+            pick = [[texts[j] for j in ok] for texts in prompts], [[texts[j] for j in ok] for texts in completions]
+            scores = score_joint(self.model, self.tokenizer, *pick, self.batch_size, self.max_length).tolist()
+            for j, value in zip(ok, scores):
+                raw[j] = value
+        skipped = [w for w in why if w is not None]
+        if skipped:
+            if not self.unreadable:
+                log.warning(
+                    "the reward model's tokenizer (%s) cannot read a joint action, which gets the neutral score; "
+                    "such joint actions are counted in reward/level/unreadable. First: %s",
+                    type(self.tokenizer).__name__,
+                    skipped[0],
+                )
+            self.unreadable += len(skipped)
+        out = []
+        for j, s in enumerate(raw):
+            value = (s - self.score_mean) / self.score_std if self.normalize else s
+            level = {
+                "level/reward_model": value,
+                "level/reward_model_raw": s,
+                "level/unreadable": float(why[j] is not None),
+            }
+            out.append({"reward": value, **level})
         if self.task_reward is not None:
             task, levels = compute_rewards(
                 self.task_reward,

@@ -5,9 +5,12 @@
    chosen / rejected columns); stored in ``<output_dir>/pairs/round-00000.jsonl``.
 2. A joint reward model (:mod:`comlrl.engine.reward_model`: a causal-LM backbone with a scalar head reading every
    agent's prompt and answer) fit to the pairs with the Bradley-Terry loss; held-out pair accuracy reported and the
-   model saved in ``<output_dir>/reward_model/``.
-3. RL of the team against the frozen reward model with the one loop of ``rl_algorithm`` (optionally mixed with the
-   task reward); evaluation keeps scoring the task reward, so a run shows whether the learned reward transfers.
+   model saved in ``<output_dir>/reward_model/``. Pairs its tokenizer cannot read are skipped and counted
+   (``reward_model/unreadable_pairs``). The mean and std of its scores on the pairs' joint answers are kept
+   (``reward_model/score_mean``, ``reward_model/score_std``).
+3. RL of the team against the frozen reward model, its score standardized with that statistic
+   (``reward_model_normalize``), with the one loop of ``rl_algorithm`` (optionally mixed with the task reward);
+   evaluation keeps scoring the task reward, so a run shows whether the learned reward transfers.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from ..config import MARLHFConfig, TrainConfig, suggest
 from ..engine.reward_model import (
     RewardModelReward,
     build_reward_model,
-    check_readable,
     load_reward_model,
+    pair_score_stats,
+    readable_pairs,
     save_reward_model,
     split_pairs_by_prompt,
     train_reward_model,
@@ -36,7 +40,7 @@ from ..errors import ConfigError
 from .actor_critic import IACTrainer, MAACTrainer
 from .base import MultiAgentTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
-from .preference import PAIRS_DIR, ROUNDS_FILE, candidate_pairs, dataset_pairs, shard_path, write_jsonl
+from .preference import PAIRS_DIR, ROUNDS_FILE, candidate_pairs, dataset_pairs, read_jsonl, shard_path, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +203,18 @@ class MARLHFTrainer:
         model, tok = self.reward_model
         model.requires_grad_(False).train(False)
         a = self.args
+        if "reward_model/score_mean" not in self.reward_model_metrics:  # a run saved before the statistic was kept
+            pairs, _, _ = readable_pairs(tok, read_jsonl(shard_path(out, 0)))
+            self.reward_model_metrics.update(self.score_statistic(pairs))
         self.rl.reward_func = RewardModelReward(
             model,
             tok,
             task_reward=self.task_reward if a.task_reward_weight else None,
             task_weight=a.task_reward_weight,
             max_length=a.reward_model_max_length,
+            score_mean=self.reward_model_metrics["reward_model/score_mean"],
+            score_std=self.reward_model_metrics["reward_model/score_std"],
+            normalize=a.reward_model_normalize,
         )
         result = self.rl.train(resume_from_checkpoint)
         result["reward_model"] = dict(self.reward_model_metrics)
@@ -242,15 +252,26 @@ class MARLHFTrainer:
         return pairs
 
     def fit_reward_model(self, pairs: list[dict]) -> dict[str, float]:
-        """Stage 2: a fresh joint reward model fit to ``pairs`` (held out by prompt); its metrics."""
+        """Stage 2: a fresh joint reward model fit to ``pairs`` (held out by prompt); its metrics, with the number
+        of pairs skipped as unreadable and the score statistic stage 3 standardizes with."""
         a = self.args
         source = self._reward_model_source or a.reward_model
         tokenizer = self._reward_model_tokenizer
-        if source is None:  # the first agent's backbone and tokenizer
+        if source is None:  # the first agent's backbone (without the team's adapters) and tokenizer
             source, tokenizer = self.rl._team_sources[0], tokenizer or self.rl.agents[0].tokenizer
         model, tok = build_reward_model(source, tokenizer, a.reward_model_training, device=self.rl.device, seed=a.seed)
-        for key in ("chosen", "rejected"):  # a tokenizer that cannot read an agent's answers fails here, named
-            check_readable(tok, [[p[key][i] for p in pairs] for i in range(self.num_agents)])
+        total = len(pairs)
+        pairs, skipped, why = readable_pairs(tok, pairs)
+        if not pairs:  # the tokenizer reads none of them: the wrong tokenizer, named
+            raise ConfigError(
+                f"MARLHF stage 2: the reward model's tokenizer ({type(tok).__name__}) cannot read any of the {total} "
+                f"pairs; the first: {why}. Use a reward model whose tokenizer covers the agents' text (e.g. the "
+                "agents' own model)."
+            )
+        if skipped:
+            log.warning(
+                "reward model: %d of %d pairs skipped, unreadable by its tokenizer; first: %s", skipped, total, why
+            )
         train, held_out = split_pairs_by_prompt(pairs, a.reward_model_eval_fraction, a.seed)
         metrics = train_reward_model(
             model,
@@ -264,9 +285,19 @@ class MARLHFTrainer:
             seed=a.seed,
             disable_tqdm=a.disable_tqdm,
         )
-        log.info("reward model: %s", {k: round(v, 4) for k, v in metrics.items()})
         self.reward_model = (model, tok)
+        metrics["reward_model/unreadable_pairs"] = float(skipped)
+        metrics.update(self.score_statistic(pairs))
+        log.info("reward model: %s", {k: round(v, 4) for k, v in metrics.items()})
         return metrics
+
+    def score_statistic(self, pairs: list[dict]) -> dict[str, float]:
+        """``reward_model/score_mean`` and ``reward_model/score_std``: the mean and population std of the reward
+        model's scores of the pairs' chosen and rejected joint answers, the statistic stage 3 standardizes with."""
+        model, tok = self.reward_model
+        a = self.args
+        mean, std = pair_score_stats(model, tok, pairs, 2 * a.reward_model_batch_size, a.reward_model_max_length)
+        return {"reward_model/score_mean": mean, "reward_model/score_std": std}
 
 
 __all__ = ["MARLHFConfig", "MARLHFTrainer", "rl_config"]

@@ -6,8 +6,10 @@ from the comparator team), scores them with the team reward, keeps pairs by :fun
 JSONL shard in ``<output_dir>/pairs/`` and takes ``steps_per_round`` optimizer steps over them and the replayed
 pairs of earlier rounds. Offline (``preferences='dataset'``), the pairs are a dataset's chosen / rejected columns.
 
-The loss (:func:`comlrl.algorithms.preference.team_dpo_loss`) reads each agent's summed log-probs of its part of
-both joint answers, over every completion token up to and including the stop token, at temperature 1.
+The loss (:func:`comlrl.algorithms.preference.team_dpo_loss`) reads each agent's log-probs of its part of both
+joint answers, over every completion token up to and including the stop token (a truncated answer has none), at
+temperature 1: summed for DPO, averaged per token for IPO (:func:`~comlrl.algorithms.preference.sequence_logps`,
+TRL's reductions). The reference log-probs and :meth:`MADPOTrainer.evaluate_pairs` are computed in eval mode.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from typing import Any, Iterator
 
 import torch
 
-from ..algorithms.preference import agent_margins, replay_weights, select_pairs, team_dpo_loss
+from ..algorithms.preference import (
+    agent_margins,
+    replay_sample,
+    replay_weights,
+    select_pairs,
+    sequence_logps,
+    team_dpo_loss,
+)
 from ..config import MADPOConfig
 from ..engine.logprobs import completion_logprobs
 from ..engine.models import load_model, load_tokenizer
@@ -63,16 +72,41 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _joint_answer(turns: list, k: int, m: int, c: int) -> tuple[list[str], list[list[int]], list[list[int]]]:
-    """Candidate c of node m (c < k: the team's, else the comparator's): each agent's text, prompt ids and completion
-    ids (the completion up to and including its stop token)."""
+def snapshot_rounds(round_index: int, comparator: str, lag: int) -> set[int]:
+    """The rounds whose team snapshot the comparator can still pick at the start of round ``round_index`` (this
+    round's and every later one's): 'initial': {0}; 'history': max(0, r - lag) for r >= round_index, i.e.
+    {max(0, round_index - lag), ..., round_index}; 'current' and 'model': none."""
+    if comparator == "initial":
+        return {0}
+    if comparator == "history":
+        return set(range(max(0, round_index - lag), round_index + 1))
+    return set()
+
+
+@contextlib.contextmanager
+def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
+    """Inside the block every model is in eval mode (no dropout); each one's train / eval mode is restored after."""
+    modes = [m.training for m in models]
+    for m in models:
+        m.train(False)
+    try:
+        yield
+    finally:
+        for m, mode in zip(models, modes):
+            m.train(mode)
+
+
+def _joint_answer(turns: list, k: int, m: int, c: int) -> tuple[list[str], list[list[int]], list[list[int]], list]:
+    """Candidate c of node m (c < k: the team's, else the comparator's): each agent's text, prompt ids, completion
+    ids (the completion up to and including its stop token) and whether it was truncated (no stop token)."""
     turn, row = turns[c // k], m * k + c % k
-    texts, prompt_ids, ids = [], [], []
+    texts, prompt_ids, ids, truncated = [], [], [], []
     for s, team in zip(turn.samples, turns[0].samples):  # prompts as the team tokenized them
         texts.append(s.texts[row])
         prompt_ids.append(team.prompt_ids[m * k][team.prompt_mask[m * k].bool()].tolist())
         ids.append(s.completion_ids[row][s.completion_mask[row].bool()].tolist())
-    return texts, prompt_ids, ids
+        truncated.append(bool(s.truncated[row]) if s.truncated is not None else False)
+    return texts, prompt_ids, ids, truncated
 
 
 def candidate_pairs(
@@ -85,7 +119,8 @@ def candidate_pairs(
 ) -> tuple[list[dict], int]:
     """Pair records of one round from its candidate episodes (the team's, then the comparator's, if any: the same
     rows in the same order) and the number of dropped ties. Each record holds every agent's prompt, both joint
-    answers' texts and token ids, and their team rewards."""
+    answers' texts, token ids and truncation flags (per agent: max_new_tokens reached, no stop token), and their
+    team rewards."""
     first = [ep.turns[0] for ep in episodes]
     k = first[0].rewards.shape[1]
     sides = [side for side in range(len(first)) for _ in range(k)] if len(first) > 1 else None
@@ -97,7 +132,7 @@ def candidate_pairs(
         ties += sel.ties
 
         for w, lo in sel.pairs:
-            (cw, pids, iw), (cl, _, il) = _joint_answer(first, k, m, w), _joint_answer(first, k, m, lo)
+            (cw, pids, iw, tw), (cl, _, il, tl) = _joint_answer(first, k, m, w), _joint_answer(first, k, m, lo)
             records.append(
                 {
                     "round": round_index,
@@ -112,6 +147,8 @@ def candidate_pairs(
                     "prompt_ids": pids,
                     "chosen_ids": iw,
                     "rejected_ids": il,
+                    "chosen_truncated": tw,
+                    "rejected_truncated": tl,
                 }
             )
     return records, ties
@@ -193,7 +230,7 @@ class MADPOTrainer(MultiAgentTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pairs_by_round: dict[int, list[dict]] = {}  # online: round -> its pairs
         self._round_metrics: dict[str, float] = {}
-        self._pool: list[tuple[dict, float]] = []  # this round's (pair, replay weight), in training order
+        self._pool: list[tuple[dict, float]] = []  # this round's (pair, loss weight), in training order
         self._pool_round: int | None = None
         self._snapshots: dict[int, list[list[torch.Tensor]]] = {}  # round -> each agent's parameters at its start
         super().__init__(*args, **kwargs)
@@ -251,10 +288,11 @@ class MADPOTrainer(MultiAgentTrainer):
         return out
 
     @staticmethod
-    def _answer_ids(agent: Agent, text: str) -> list[int]:
-        """An answer text as the agent's completion tokens, ending with its tokenizer's EOS."""
+    def _answer_ids(agent: Agent, text: str, eos: bool = True) -> list[int]:
+        """An answer text as the agent's completion tokens, ending with its tokenizer's EOS unless ``eos`` is False
+        (a truncated answer, which did not stop)."""
         tok = agent.tokenizer
-        return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
 
     # ------------------------------------------------------------------ rounds
     def training_step(self, batches: Iterator[tuple[list[dict], list[int]]]) -> dict[str, Any]:
@@ -293,7 +331,9 @@ class MADPOTrainer(MultiAgentTrainer):
         return [pool[i] for i in torch.randperm(len(pool), generator=gen).tolist()]
 
     def _start_round(self, round_index: int, in_round: int, batches: Iterator) -> dict[str, float]:
-        """Collect (or, resuming inside a round, reload) this round's pairs and build the replay pool."""
+        """Collect (or, resuming inside a round, reload) this round's pairs and draw the round's training pairs: the
+        round's own pairs, then stored ones by replay weight (:func:`replay_sample`), one per pair slot of the
+        round's steps, in a seeded order (a resumed run draws the same)."""
         out_dir = Path(self.args.output_dir)
         metrics: dict[str, float] = {}
         if in_round == 0:
@@ -308,15 +348,22 @@ class MADPOTrainer(MultiAgentTrainer):
         ages = torch.tensor([round_index - r for r in rounds], dtype=torch.long)
         a = self.args
         weights = replay_weights(ages, a.replay, a.replay_k, a.replay_decay).tolist() if rounds else []
-        pool = [(p, w) for r, w in zip(rounds, weights) if w > 0 for p in self._pairs_by_round[r]]
-        if not pool:
+        stored = [(p, w, r == round_index) for r, w in zip(rounds, weights) if w > 0 for p in self._pairs_by_round[r]]
+        if not stored:
             raise ConfigError(
                 f"round {round_index}: no preference pairs: every prompt's candidates tied (rewards within "
                 f"tie_tolerance={a.tie_tolerance}). Use a denser reward, more num_generations, a higher temperature, "
                 "or replay earlier rounds' pairs (replay='last_k' / 'all' / 'decay')."
             )
-        self._pool, self._pool_round = self._ordered(pool, round_index), round_index
-        self._round_metrics["pairs/pool"] = float(len(pool))
+        slots = a.steps_per_round * a.gradient_accumulation_steps * a.per_device_train_batch_size
+        gen = torch.Generator().manual_seed(derive_seed(a.seed, "replay", round_index))
+        drawn = replay_sample(
+            torch.tensor([w for _, w, _ in stored]), torch.tensor([f for _, _, f in stored]), slots, gen
+        )
+        self._pool = self._ordered([(stored[i][0], 1.0) for i in drawn], round_index)
+        self._pool_round = round_index
+        self._round_metrics["pairs/pool"] = float(len(stored))
+        self._round_metrics["pairs/replayed"] = float(sum(not stored[i][2] for i in drawn))
         self._round_metrics["round"] = float(round_index)
         return metrics
 
@@ -349,11 +396,14 @@ class MADPOTrainer(MultiAgentTrainer):
         records, ties = candidate_pairs(
             episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed
         )
-        if a.comparator == "model":  # the comparator's answers in the team's tokens
+        if a.comparator == "model":  # the comparator's answers in the team's tokens; a truncated one stays so
             for record in records:
                 for key in ("chosen", "rejected"):
                     if record[f"{key}_side"] == COMPARATOR:
-                        record[f"{key}_ids"] = [self._answer_ids(ag, record[key][ag.index]) for ag in self.agents]
+                        cut = record[f"{key}_truncated"]
+                        record[f"{key}_ids"] = [
+                            self._answer_ids(ag, record[key][ag.index], eos=not cut[ag.index]) for ag in self.agents
+                        ]
         write_jsonl(shard_path(a.output_dir, round_index), records)
         self._pairs_by_round[round_index] = records
         team = episodes[0].turns[0].rewards.reshape(-1)
@@ -400,24 +450,26 @@ class MADPOTrainer(MultiAgentTrainer):
 
     def _snapshot(self, round_index: int) -> None:
         """Keep the team's trained parameters at the start of a round when a comparator will need them (in memory
-        and in ``pairs/team-round-<r>.pt``, so a resumed run has them)."""
-        if self.args.comparator == "current":
+        and in ``pairs/team-round-<r>.pt``, so a resumed run has them), and drop the snapshots, in memory and on
+        disk, that the comparator can no longer pick (:func:`snapshot_rounds`)."""
+        keep = snapshot_rounds(round_index, self.args.comparator, self.args.comparator_lag)
+        if not keep:
             return
-        keep = (
-            {0}
-            if self.args.comparator == "initial"
-            else set(range(round_index - self.args.comparator_lag, round_index + 1))
-        )
-        params = [[p.detach().to("cpu", copy=True) for p in a.params] for a in self.agents]
-        self._snapshots[round_index] = params
+        folder = Path(self.args.output_dir) / PAIRS_DIR
         if round_index in keep:
-            path = Path(self.args.output_dir) / PAIRS_DIR / f"team-round-{round_index:05d}.pt"
+            params = [[p.detach().to("cpu", copy=True) for p in a.params] for a in self.agents]
+            self._snapshots[round_index] = params
+            path = folder / f"team-round-{round_index:05d}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
             torch.save(params, tmp)
             os.replace(tmp, path)
         for r in [r for r in self._snapshots if r not in keep]:
             del self._snapshots[r]
+        for path in folder.glob("team-round-*.pt"):
+            r = path.stem.removeprefix("team-round-")
+            if r.isdigit() and int(r) not in keep:
+                path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def _comparator_weights(self, round_index: int) -> Iterator[None]:
@@ -488,7 +540,12 @@ class MADPOTrainer(MultiAgentTrainer):
     def evaluate_pairs(self, dataset: Any, max_rows: int | None = None) -> dict[str, float]:
         """The team's implied preference on labelled pairs (a dataset with the chosen / rejected columns): ``eval/``
         loss, rewards/accuracies, rewards/margins and the per-agent rewards and log-probs, no reward function.
-        ``last_eval_samples`` hold each pair's chosen answers with its implied reward margin as ``reward``."""
+        Scored in eval mode (no dropout), each model's mode restored after. ``last_eval_samples`` hold each pair's
+        chosen answers with its implied reward margin as ``reward``."""
+        with eval_mode([agent.model for agent in self.agents]):
+            return self._evaluate_pairs(dataset, max_rows)
+
+    def _evaluate_pairs(self, dataset: Any, max_rows: int | None) -> dict[str, float]:
         a = self.args
         records = self._dataset_pairs(dataset)[: max_rows or a.eval_max_rows or None]
         sums: dict[str, torch.Tensor] = {}
@@ -543,15 +600,18 @@ class MADPOTrainer(MultiAgentTrainer):
         return [x.to(self.device) for x in (p_ids, p_mask, c_ids, c_mask)]
 
     def _sequence_logps(self, agent: Agent, tensors: list[torch.Tensor], grad: bool = False) -> torch.Tensor:
-        """(2B,) summed log-probs of the rows' completions under the agent's current policy."""
+        """(2B,) log-probs of the rows' completions under the agent's current policy, reduced as ``loss_type``
+        reads them (:func:`sequence_logps`: summed, or averaged per token for IPO)."""
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, active_adapter(agent.model, agent.adapter), self.autocast():
-            return completion_logprobs(agent.model, *tensors).sum(dim=1)
+            tokens = completion_logprobs(agent.model, *tensors)
+            return sequence_logps(tokens, tensors[3], self.args.loss_type)
 
     def _reference_logps(
         self, records: list[dict], tensors: list[list[torch.Tensor]]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(N, B) reference log-probs of the chosen and rejected answers, computed once per pair and kept in it."""
+        """(N, B) reference log-probs of the chosen and rejected answers (reduced as :meth:`_sequence_logps`),
+        computed once per pair in eval mode (no dropout, so the cached value is the reference's) and kept in it."""
         if self.args.reference_free:
             return None, None
         missing = [k for k, r in enumerate(records) if "ref_chosen" not in r]
@@ -559,8 +619,8 @@ class MADPOTrainer(MultiAgentTrainer):
             for agent, t in zip(self.agents, tensors):
                 model = agent.model if agent.adapter is not None else agent.ref_model
                 ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
-                with torch.no_grad(), ctx, self.autocast():
-                    logps = completion_logprobs(model, *t).sum(dim=1).tolist()
+                with torch.no_grad(), eval_mode([model]), ctx, self.autocast():
+                    logps = sequence_logps(completion_logprobs(model, *t), t[3], self.args.loss_type).tolist()
                 b = len(records)
                 for k in missing:
                     r = records[k]
@@ -571,4 +631,4 @@ class MADPOTrainer(MultiAgentTrainer):
         return ref_c, ref_r
 
 
-__all__ = ["MADPOConfig", "MADPOTrainer", "candidate_pairs", "shard_path"]
+__all__ = ["MADPOConfig", "MADPOTrainer", "candidate_pairs", "shard_path", "snapshot_rounds"]
