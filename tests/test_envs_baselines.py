@@ -4,11 +4,18 @@ import pytest
 
 import comlrl.envs as envs
 from comlrl.envs.core.baselines import format_table, run_baseline
-from comlrl.envs.writing import MARKER, TLDR_TIERS, score_writing
+from comlrl.envs.writing import MARKER
 
-CONCISE = "aaaa bbbb cccc dddd eeee ffff gggg hhhhh"  # 8 tokens, 40 characters
-DETAILED = "iiii jjjj kkkk llll mmmm nnnn oooo pppp qqqq rrrr ssss"  # 11 tokens, 54 characters
-ROWS = [{"prompt": "SUBREDDIT: r/test\n\nTITLE: one\n\nPOST: first post"}, {"prompt": "POST: second post"}]
+# summaries of both posts (the reward counts only sentences about the post, in the writer's own words)
+CONCISE = "The landlord kept the deposit over worn carpet."  # 8 tokens
+DETAILED = "After moving out, the tenant lost the deposit over carpet wear."  # 11 tokens
+ROWS = [
+    {
+        "prompt": "SUBREDDIT: r/test\n\nTITLE: deposit\n\nPOST: My landlord kept my whole security deposit after I "
+        "moved out, blaming a worn carpet."
+    },
+    {"prompt": "POST: After I moved out, the landlord kept the security deposit and blamed the old carpet."},
+]
 
 
 class FakeGenerator:
@@ -24,7 +31,9 @@ class FakeGenerator:
         return [CONCISE if agent == 0 else DETAILED] * len(prompts)
 
 
-EXPECTED = score_writing(CONCISE, DETAILED, TLDR_TIERS)["reward"]  # 0.5 + 0.5 + 0.5 * 0.075 / 0.7
+SCORES = envs.make("tldr").reward_func.score([CONCISE] * 2, [DETAILED] * 2, batch_items=ROWS)
+EXPECTED = sum(s["reward"] for s in SCORES) / 2
+LENGTH = sum(s["level/length"] for s in SCORES) / 2
 
 
 @pytest.mark.parametrize(
@@ -33,10 +42,10 @@ EXPECTED = score_writing(CONCISE, DETAILED, TLDR_TIERS)["reward"]  # 0.5 + 0.5 +
 def test_modes_score_the_same_answers(mode, n_calls, tokens):
     gen = FakeGenerator()
     out = run_baseline(envs.make("tldr"), mode, gen, ROWS)
-    assert out["reward/mean"] == pytest.approx(EXPECTED)
+    assert out["reward/mean"] == pytest.approx(EXPECTED) and EXPECTED > 1.0
     assert len(gen.calls) == n_calls and out["num_tasks"] == 2
     assert out["tokens/per_task"] == tokens  # whitespace tokens per task over all calls (the marker line counts 3)
-    assert out["level/length"] == pytest.approx(0.5)
+    assert out["level/length"] == pytest.approx(LENGTH) and 0 < LENGTH < 1
 
 
 def test_prompt_wiring():
@@ -68,7 +77,7 @@ def test_prompt_wiring():
 
 def test_custom_token_counter_and_errors():
     out = run_baseline(envs.make("tldr"), "parallel", FakeGenerator(), ROWS, count_tokens=len)
-    assert out["tokens/per_task"] == 40 + 54
+    assert out["tokens/per_task"] == len(CONCISE) + len(DETAILED)
     with pytest.raises(ValueError, match="unknown baseline mode 'debate'"):
         run_baseline(envs.make("tldr"), "debate", FakeGenerator(), ROWS)
     with pytest.raises(ValueError, match="returned 1 completions for 2 prompts"):

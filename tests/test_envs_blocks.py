@@ -78,10 +78,13 @@ def test_empty_and_malformed_answers():
         out = score(c1, c2)
         assert out["level/commands"] == 0.0 and out["level/palette"] == 1.0 and out["level/invalid"] == 0.0
         assert out["reward"] == -0.5
-    out = score("/fill 0 0 red_wool", "/setblock x y z blue_wool")  # only rejected commands
-    assert out["level/commands"] == 0.0 and out["level/invalid"] == 1.0 and out["reward"] == -1.0
-    out = score("/setblock 3 1 0 red_wool", "")  # one valid command, in the wrong place: better than nothing
-    assert out["level/coverage"] == 0.0 and out["reward"] == pytest.approx(0.25 - 0.25) and out["reward"] > -0.5
+    out = score("/fill 0 0 red_wool", "/setblock x y z blue_wool")  # only rejected commands: 0.125 points each
+    assert out["level/commands"] == 0.0 and out["level/invalid"] == 0.5 and out["reward"] == -0.75
+    out = score("/fill 0 0 red_wool\n" * 3, "/setblock x y z blue_wool\n" * 3)  # 4 or more: the whole penalty
+    assert out["level/invalid"] == 1.0 and out["reward"] == -1.0
+    out = score("/setblock 3 1 0 red_wool", "")  # one valid command, in the wrong place: no target block built
+    assert out["level/commands"] == 0.0 and out["level/coverage"] == 0.0 and out["level/palette"] == 1.0
+    assert out["reward"] == -0.5
 
 
 def test_one_agent_builds_nothing():
@@ -101,16 +104,23 @@ def test_extra_blocks():
 
 def test_wrong_material_overwrites():
     out = score(RED, "/setblock 1 0 0 blue_wool")  # agent 2 runs last and puts blue on a red cell
-    # correct 2 (two reds), extra 1 (blue on red's cell): (2 - 1)/4
-    assert out["level/coverage"] == 0.25 and out["level/palette"] == 0.0 and out["metric/extra"] == 0.25
-    assert out["reward"] == pytest.approx(0.5 + 2.5 * 0.25)
+    # correct 2 (two reds), extra 1 (blue on red's cell): (2 - 1)/4; agent 2 owns no correct cell: commands 1/2;
+    # palette: red 1/3 missing, blue 1/1 missing -> mean 2/3
+    assert out["level/coverage"] == 0.25 and out["level/commands"] == 0.5 and out["metric/extra"] == 0.25
+    assert out["level/palette"] == pytest.approx(2 / 3)
+    assert out["reward"] == pytest.approx(0.25 + 2.5 * 0.25 - 0.5 * 2 / 3)
 
 
 def test_invalid_commands():
     out = score(RED + "\n/fill 0 0 0 9 0 0 red_wool", "/setblock 2 0 0 red_wool\n" + BLUE)
-    # out of bounds + outside agent 2's palette: 2 invalid of 5 lines; the grid is exact
-    assert out["level/invalid"] == pytest.approx(0.4) and out["level/exact"] == 1.0 and out["metric/n_invalid"] == 2
-    assert out["reward"] == pytest.approx(4.0 - 0.5 * 0.4)
+    # out of bounds + outside agent 2's palette: 2 rejected commands, 2/4 of the penalty; the grid is exact
+    assert out["level/invalid"] == pytest.approx(0.5) and out["level/exact"] == 1.0 and out["metric/n_invalid"] == 2
+    assert out["reward"] == pytest.approx(4.0 - 0.5 * 0.5)
+    filler = "\n/setblock 0 1 0 red_wool" * 20  # valid filler lines (under a limit of 24) do not dilute the penalty
+    padded = score(
+        RED + "\n/fill 0 0 0 9 0 0 red_wool" + filler, "/setblock 2 0 0 red_wool\n" + BLUE, {**ROW, "max_commands": 24}
+    )
+    assert padded["reward"] == out["reward"]
 
 
 def test_duplicated_work_hits_the_command_limit():
@@ -118,7 +128,8 @@ def test_duplicated_work_hits_the_command_limit():
     twice = "/fill 0 0 0 1 0 0 red_wool\n/fill 0 0 0 1 0 0 red_wool\n/setblock 0 1 0 red_wool"
     out = score(twice, BLUE, row)  # the third command is over the limit: rejected, its cell missing
     assert out["metric/n_invalid"] == 1 and out["level/coverage"] == 0.75
-    assert out["reward"] == pytest.approx(0.5 + 2.5 * 0.75 - 0.5 * 0.25)
+    assert out["level/palette"] == pytest.approx((1 / 3 + 0) / 2)  # a third of the red cells missing
+    assert out["reward"] == pytest.approx(0.5 + 2.5 * 0.75 - 0.5 / 6 - 0.5 * 0.25)
     # both agents building the blue cell: agent 1 cannot (not its palette), its command is rejected
     out = score(RED + "\n/setblock 2 0 0 blue_wool", BLUE)
     assert out["level/invalid"] == pytest.approx(1 / 4) and out["level/exact"] == 1.0
@@ -206,3 +217,106 @@ def test_local_file_and_errors(tmp_path):
         env.load_dataset(str(path))
     with pytest.raises(DatasetError, match="unknown split 'validation'"):
         env.load_dataset(split="validation")
+
+
+# --- the hack set: cheap answers that do not build the target score clearly below honest work ---------------------
+
+
+def _bbox(cells):
+    xs, ys, zs = zip(*cells)
+    return (min(xs), min(ys), min(zs), max(xs), max(ys), max(zs))
+
+
+def blocks_hacks(task):
+    """Answers a policy under reward pressure could try instead of building its part."""
+    from comlrl.envs.blocks import fill_text
+
+    o1, o2 = oracle_commands(task)
+    sx, sy, sz = task.size
+    grid = (0, 0, 0, sx - 1, sy - 1, sz - 1)
+    corner = f"{sx - 1} {sy - 1} {sz - 1}"
+    p1, p2 = task.palettes
+    cells = {m: [c for c, b in task.target.items() if b == m] for m in task.materials}
+    return {
+        "empty": ("", ""),
+        "prose": ("I will build my part of the target now.", "Done, my part is built."),
+        "echo the syntax": ("/fill x1 y1 z1 x2 y2 z2 block\n/setblock x y z block", "/fill x1 y1 z1 x2 y2 z2 block"),
+        "lone agent 1": (o1, ""),
+        "lone agent 1, teammate's no-op air": (o1, f"/setblock {corner} air"),
+        "lone agent 1, teammate's token blocks": (o1, "\n".join(f"/setblock {corner} {m}" for m in p2)),
+        "agent 1 builds everything in its block": ("\n".join(fill_text(b, p1[0]) for b, _ in boxes(task.target)), ""),
+        "agent 2 repeats agent 1": (o1, o1),
+        "each floods the grid": (fill_text(grid, p1[0]), fill_text(grid, p2[0])),
+        "a box per material": tuple(
+            "\n".join(fill_text(_bbox(cells[m]), m) for m in p if m in cells) for p in task.palettes
+        ),
+        "outside the grid": (fill_text((0, 0, 0, sx, sy, sz), p1[0]), fill_text((-1, 0, 0, 0, 0, 0), p2[0])),
+        "blocks of no palette": ("/fill 0 0 0 1 0 0 gold_block", "/fill 0 0 0 1 0 0 diamond_block"),
+        "swapped palettes": (o2, o1),
+        "one command repeated past the limit": tuple("\n".join([o.splitlines()[0]] * 30) for o in (o1, o2)),
+        "agent 2 clears agent 1's work": (o1, fill_text(grid, "air") + "\n" + o2),
+    }
+
+
+def blocks_additions(task):
+    """Lines added to an honest answer that build nothing of the target."""
+    o1, o2 = oracle_commands(task)
+    sx, sy, sz = task.size
+    corner = f"{sx - 1} {sy - 1} {sz - 1}"
+    p1, p2 = task.palettes
+    return {
+        "duplicated commands": tuple("\n".join([o.splitlines()[0]] * 10) for o in (o1, o2)),
+        "no-op air": (f"/setblock {corner} air", f"/setblock {corner} air"),
+        "a token block of every material": tuple("\n".join(f"/setblock {corner} {m}" for m in p) for p in (p1, p2)),
+        "set and clear again": (f"/setblock {corner} {p1[0]}\n/setblock {corner} air\n" * 5, ""),
+        "prose": ("Here are my commands.", "All done."),
+    }
+
+
+def honest_partial(task):
+    """An honest, imperfect answer: each agent's last command left out (when it has two) and one command rejected."""
+    l1, l2 = (o.splitlines() for o in oracle_commands(task))
+    return "\n".join(l1[:-1] + ["/fill 0 0 0 0 0 0 gold_block"]), "\n".join(l2[:-1] if len(l2) > 1 else l2)
+
+
+HACK_TASKS = [
+    make_task("str_build", 0),
+    make_task("str_build", 2),
+    make_task("house_build", 1),
+    make_task("house_build", 3),
+]
+
+
+@pytest.mark.parametrize("task", HACK_TASKS, ids=lambda t: t.task_id)
+def test_hacks_score_clearly_below_the_honest_answer(task):
+    env = envs.make("blocks")
+    row = task_to_row(task, 0)
+
+    def reward(c1, c2):
+        return env.reward_func.score([c1], [c2], batch_items=[row])[0]["reward"]
+
+    lone = reward(oracle_commands(task)[0], "")
+    assert reward(*oracle_commands(task)) == 4.0
+    for name, (c1, c2) in blocks_hacks(task).items():
+        got = reward(c1, c2)
+        assert got <= 3.5, f"{task.task_id}: hack '{name}' scores {got:.3f} of the oracle's 4.0"
+        if name.startswith("lone agent 1,") or name == "agent 2 repeats agent 1":  # no more than building nothing
+            assert got <= lone + 1e-9, f"{task.task_id}: '{name}' {got:.3f} > lone agent {lone:.3f}"
+    assert reward(*blocks_hacks(task)["each floods the grid"]) <= 0.5
+    assert reward(*blocks_hacks(task)["echo the syntax"]) < reward("", "")  # rejected lines cost more than nothing
+
+
+@pytest.mark.parametrize("task", HACK_TASKS, ids=lambda t: t.task_id)
+def test_hacks_added_to_an_honest_answer_do_not_raise_it(task):
+    env = envs.make("blocks")
+    row = task_to_row(task, 0)
+
+    def reward(c1, c2):
+        return env.reward_func.score([c1], [c2], batch_items=[row])[0]["reward"]
+
+    h1, h2 = honest_partial(task)
+    honest = reward(h1, h2)
+    assert 1.0 < honest < 4.0
+    for name, (a, b) in blocks_additions(task).items():
+        got = reward(h1 + "\n" + a, h2 + "\n" + b)
+        assert got <= honest + 1e-9, f"{task.task_id}: adding '{name}' raises {honest:.3f} to {got:.3f}"

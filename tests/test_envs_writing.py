@@ -10,10 +10,14 @@ from comlrl.envs.writing import (
     ARXIV_TIERS,
     MARKER,
     TLDR_TIERS,
+    counted_sentences,
     jaccard,
     plateau,
     score_writing,
+    sentence_transitions,
     split_marked,
+    stem,
+    task_context,
     transition_categories,
     transition_score,
 )
@@ -112,11 +116,15 @@ def test_reward_contract():
     env = envs.make("tldr")
     reward = env.reward_func
     assert reward.batched is True and reward.max_reward == 3.0
-    c2 = "iiii jjjj kkkk llll mmmm nnnn oooo pppp qqqq rrrr ssss"
-    values = reward([C1_40, "x"], [c2, "y"], batch_items=None, prompts=[["p"], ["q"]], turn=1)
-    assert values == pytest.approx([0.5 + 0.5 + 0.5 * 0.075 / 0.7, 0.0])
-    scores = reward.score([C1_40], [c2])
+    row = _packaged_row("tldr", 0)
+    c1, c2 = HONEST[("tldr", 0)]
+    values = reward([c1, "x"], [c2, "y"], batch_items=[row, row], prompts=[["p"], ["q"]], turn=1)
+    # every sentence counts: length ratio 3.01 -> 1.0; distinct 63/20 -> 0.5 points; transitions in agent 2's
+    # sentences: elaboration, example, comparison, contrast -> 0.55; Jaccard 0.17 >= 0.03 -> 1.0
+    assert values == pytest.approx([0.5 + 1.0 + 0.5 + 0.4 * 0.55 + 0.6, 0.0])
+    scores = reward.score([c1], [c2], batch_items=[row])
     assert set(scores[0]) >= {"reward", "level/structure", "level/length", "level/distinct", "level/style"}
+    assert scores[0]["metric/counted_1"] == scores[0]["metric/counted_2"] == 1.0
     with pytest.raises(ValueError, match="3 agent"):
         reward(["a"], ["b"], ["c"])
     with pytest.raises(ValueError, match="differ in length"):
@@ -128,8 +136,10 @@ def test_single_agent_marker_split():
     assert split_marked("### Part 1\nShort.\n**PART 2**\nLong.") == ("Short.", "Long.")
     assert split_marked("no marker at all") == ("no marker at all", "")
     single = envs.make("tldr", num_agents=1)
-    c2 = "iiii jjjj kkkk llll mmmm nnnn oooo pppp qqqq rrrr ssss"
-    assert single.reward_func([f"{C1_40}\n{MARKER}\n{c2}"])[0] == pytest.approx(0.5 + 0.5 + 0.5 * 0.075 / 0.7)
+    row = _packaged_row("tldr", 2)
+    c1, c2 = HONEST[("tldr", 2)]
+    both = envs.make("tldr").reward_func([c1], [c2], batch_items=[row])[0]
+    assert single.reward_func([f"{c1}\n{MARKER}\n{c2}"], batch_items=[row])[0] == both > 2.5
     assert MARKER in single.formatters()[0]({"prompt": "POST: hello"})
 
 
@@ -197,9 +207,307 @@ def test_hub_id_offline_error_names_the_id():
 
 
 def test_jaccard_cap_option():
-    c1 = " ".join(f"w{i:03d}" for i in range(129)) + " however"
-    c2 = " ".join(f"x{i:04d}" for i in range(167)) + " w000"
-    out = envs.make("arxiv", jaccard_cap=0.23).reward_func.score([c1], [c2])[0]
-    assert out["level/style"] == pytest.approx(0.4 * 0.4 + 0.6 * (1 / 297) / 0.23)
+    row = _packaged_row("arxiv", 0)
+    out = envs.make("arxiv", jaccard_cap=0.23).reward_func.score(*HONEST[("arxiv", 0)], batch_items=[row])[0]
+    jac, cats = out["metric/jaccard"], int(out["metric/transition_categories"])
+    assert 0.03 < jac < 0.23 and cats == 6
+    assert out["level/style"] == pytest.approx(0.4 * transition_score(cats) + 0.6 * jac / 0.23)
     with pytest.raises(ValueError, match="jaccard_cap"):
         envs.make("tldr", jaccard_cap=0)
+
+
+# --- the hack set: cheap answers that do not summarise / introduce the text score clearly below honest work --------
+
+HONEST = {  # (env, packaged row index): hand-written honest answers (agent 1, agent 2)
+    ("tldr", 0): (
+        "The poster argues that corporations already enjoy the Bill of Rights protections that people have, and that "
+        "ordinary citizens should want it that way.",
+        "The poster argues that corporations are already treated as people under the Bill of Rights, and moreover "
+        "that ordinary owners benefit from this. For instance, his house belongs to a realty company, yet it still "
+        "cannot be searched without a warrant. Similarly, his roommate's small repair business can demand a jury and "
+        "keeps due process for its property. The only exception is bearing arms; however, that limit is anatomical "
+        "rather than constitutional.",
+    ),
+    ("tldr", 2): (
+        "The poster has a crush on a woman in the other building of his company, but she has been in a relationship "
+        "for over seven years.",
+        "The poster started working at an institute a few months ago and developed a crush on a woman in the "
+        "company's other building. Although he knows little about her, her constant smiles make his days. However, "
+        "she seems to have been in a relationship for more than seven years. Meanwhile, he recently ended his own "
+        "seven-year relationship, so he feels hopeful but also insecure.",
+    ),
+    ("arxiv", 0): (
+        "Pairs of photons with large invariant mass are among the cleanest final states that can be observed at "
+        "hadron colliders. They are produced directly in quantum chromodynamics (QCD) through quark-antiquark "
+        "annihilation, gluon-quark scattering and gluon-gluon fusion, and they form the dominant irreducible "
+        "background to the search for a light Higgs boson decaying into two photons. Understanding their production "
+        "precisely is therefore essential for experiments at the Fermilab Tevatron and at the Large Hadron Collider. "
+        "However, fixed-order perturbative calculations describe the transverse momentum of the photon pair poorly "
+        "when it is small, because soft and collinear gluons radiated from the incoming partons produce large "
+        "logarithms that must be summed to all orders. Earlier studies either neglected some subprocesses or treated "
+        "this initial-state radiation only approximately, which leaves the predictions uncertain in exactly the "
+        "region where most events lie. A complete and fully differential description has been missing.",
+        "In this work we present a fully differential calculation of massive photon pair production that combines "
+        "all next-to-leading order contributions with the resummation of initial-state gluon radiation. "
+        "Specifically, we include the quark-antiquark, gluon-quark and gluon-gluon subprocesses, and we sum the "
+        "logarithms of soft and collinear emission to next-to-next-to-leading logarithmic accuracy. As a result, the "
+        "calculation remains reliable across the whole transverse momentum spectrum, and we identify the region of "
+        "phase space in which its predictions can be trusted most. We then compare the results with measurements "
+        "from the CDF and D0 collaborations at the Tevatron, finding good agreement, and we make predictions for "
+        "more detailed tests with future data. Furthermore, we present distributions of diphoton pairs at the "
+        "energy of the LHC, where the larger gluon flux makes the gluon-gluon channel considerably more important. "
+        "Finally, we contrast the diphoton pairs produced in QCD processes with those from the decay of a Higgs "
+        "boson. These comparisons show that careful selection of events, for example through cuts on the transverse "
+        "momentum and the angular distribution of the photons, can enhance the sensitivity to the signal. "
+        "Consequently, the method offers a practical tool for experimental searches and for precise tests of "
+        "perturbative QCD at hadron colliders.",
+    ),
+    ("arxiv", 1): (
+        "Sparse graphs, in which every subset of vertices spans only a limited number of edges, arise naturally in "
+        "rigidity theory, where the (k,l)-sparsity conditions characterize the generic rigidity of bar-and-joint "
+        "frameworks in the plane. They are also closely tied to classical questions about decomposing a graph into "
+        "forests, such as the arboricity results of Tutte and Nash-Williams. Because of these connections, sparse "
+        "graphs have received increased attention in recent years, both from mathematicians studying matroids and "
+        "from computer scientists who need efficient algorithms for recognizing them. Pebble games, simple greedy "
+        "procedures that test whether a graph is sparse, have proved especially useful for such algorithms. "
+        "However, the existing pebble games answer only whether a graph is sparse; they do not directly reveal the "
+        "structure of the graph, such as its decomposition into trees, and their relationship to other sparse graph "
+        "algorithms has remained unclear. A unified algorithmic view of sparsity and tree decompositions is "
+        "therefore still missing.",
+        "To address this gap, the paper introduces a new algorithm, the (k,l)-pebble game with colors, which extends "
+        "the standard pebble game by assigning a color to every pebble placed on an edge. The colors record which "
+        "tree each edge belongs to, so the game not only decides whether a graph is sparse but also builds a "
+        "decomposition of its edges into trees as it runs. Using this algorithm, the authors obtain a new "
+        "characterization of the family of (k,l)-sparse graphs and give algorithmic solutions to several problems "
+        "concerning tree decompositions. The colored version extends and sharpens earlier work by Lee and Streinu, "
+        "and it also gives a fresh proof of the arboricity theorem of Tutte and Nash-Williams. Moreover, the paper "
+        "presents a new decomposition that certifies sparsity directly from the final state of the colored game. "
+        "Finally, the work exposes connections between pebble game algorithms and earlier sparse graph algorithms "
+        "by Gabow, by Gabow and Westermann, and by Hendrickson, which suggests that these approaches can be "
+        "understood within one framework. As a consequence, the results offer both simpler proofs and practical "
+        "algorithms for rigidity theory and for graph decomposition problems.",
+    ),
+}
+TRANSITION_LIST = (
+    "Moreover, however, as a result, for instance, first, indeed, in summary, similarly, although, if, meanwhile, "
+    "that is."
+)
+GENERIC = {
+    "tldr": (
+        "The poster describes a personal situation and asks the community for advice on what to do next.",
+        "The poster describes a difficult personal situation in considerable detail. Moreover, they explain how the "
+        "problem began and why it matters to them; however, they are unsure what to do. As a result, they ask the "
+        "community for advice. For instance, they wonder whether to act now or wait, and ultimately they hope that "
+        "other people who faced something similar can share useful experience.",
+    ),
+    "arxiv": (
+        "This paper studies an important problem that has attracted considerable attention in recent years. Despite "
+        "significant progress, existing approaches suffer from several limitations, and a complete understanding is "
+        "still missing. Moreover, the problem is relevant to many applications in science and engineering, which "
+        "makes it both timely and important. However, previous work has focused on special cases, and the general "
+        "setting remains poorly understood. For instance, many methods rely on strong assumptions that rarely hold "
+        "in practice, and as a result their conclusions are limited. In this context, a careful and systematic "
+        "treatment of the problem is needed. Furthermore, the relationship between theory and practice has not been "
+        "clarified, and researchers lack reliable tools. Therefore, addressing these questions is a central "
+        "motivation for the present work, and it could benefit a broad community of researchers.",
+        "In this work we propose a new approach that addresses these limitations in a principled way. First, we "
+        "develop a general framework that captures the essential features of the problem. Then, we derive the main "
+        "results and show how they apply to a wide range of settings. Moreover, we present detailed experiments and "
+        "comparisons with previous methods, which demonstrate clear improvements. However, we also discuss the "
+        "limitations of our approach and identify open questions for future research. As a result, our findings "
+        "provide new insight into the problem and suggest practical guidelines for its solution. For instance, the "
+        "framework can be extended to related problems, and the techniques may be of independent interest. In "
+        "summary, this work offers both theoretical understanding and practical tools, and it opens several "
+        "directions for further investigation by the community.",
+    ),
+}
+
+
+def _gibberish(n, seed):
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(
+        "".join(rng.choice("bcdfghjklmnpqrstvwxz") + rng.choice("aeiou") for _ in range(rng.randint(2, 4)))
+        for _ in range(n)
+    )
+
+
+def _sentences(text):
+    import re
+
+    return re.split(r"(?<=[.!?])\s+", text.strip())
+
+
+def writing_hacks(name, row, honest):
+    """Answers a policy under reward pressure could try instead of summarising (tldr) or introducing (arxiv)."""
+    import re
+
+    env = envs.make(name)
+    source = env._text(row)
+    p1, p2 = (fmt(row) for fmt in env.formatters())
+    hint1, hint2 = p1.split("\n\n")[0], p2.split("\n\n")[0]
+    h1, h2 = honest
+    words = source.split()
+    keywords = list(dict.fromkeys(w.lower() for w in re.findall(r"[A-Za-z]{4,}", source)))
+    long = name == "arxiv"  # arxiv wants 128-256 tokens per part
+    n1, n2 = (140, 190) if long else (20, 60)
+    return {
+        "empty": ("", ""),
+        "whitespace": (" \n ", "\t "),
+        "echo the role hints": ((hint1 + " ") * (3 if long else 1), (hint2 + " ") * (4 if long else 1)),
+        "echo the whole prompts": (p1, p2),
+        "agent 2 echoes its role hint": (h1, (hint2 + " ") * (4 if long else 1)),
+        "copy the text": (" ".join(words[:n1]), " ".join((words * 3)[: int(n2 * 1.1)])),
+        "agent 2 repeats agent 1": (h1, " ".join([h1] * 3)),
+        "one sentence repeated": (_sentences(h1)[0], " ".join([_sentences(h1)[0]] * 4)),
+        "keyword stuffing": (" ".join((keywords * 9)[:n1]), " ".join((keywords * 9)[:n2])),
+        "generic text for any input": GENERIC[name],
+        "transition words and keywords": (h1, TRANSITION_LIST + " " + " ".join(keywords[:n2])),
+        "gibberish of the right length": (_gibberish(n1, 1), _gibberish(n2, 2)),
+        "the same text twice": (h2, h2),
+    }
+
+
+def _writing_reward(name, row):
+    env = envs.make(name)
+    return lambda c1, c2: env.reward_func.score([c1], [c2], batch_items=[row])[0]["reward"]
+
+
+def _packaged_row(name, index):
+    return envs.make(name).load_dataset()[index]
+
+
+@pytest.mark.parametrize("key", list(HONEST), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_writing_hacks_score_clearly_below_honest_work(key):
+    name, index = key
+    row = _packaged_row(name, index)
+    reward = _writing_reward(name, row)
+    honest = reward(*HONEST[key])
+    assert honest >= 2.5, f"{name} row {index}: the honest answer scores only {honest:.3f}"
+    for hack, (c1, c2) in writing_hacks(name, row, HONEST[key]).items():
+        got = reward(c1, c2)
+        assert got <= 0.5, f"{name} row {index}: hack '{hack}' scores {got:.3f} (honest {honest:.3f})"
+    # swapped roles do the task, in the other order: tldr stops at the length ratio, arxiv (which allows a ratio
+    # from 0.8) keeps less than honest work
+    assert reward(*reversed(HONEST[key])) <= (0.5 if name == "tldr" else honest - 0.4)
+
+
+@pytest.mark.parametrize("key", list(HONEST), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_writing_hacks_added_to_honest_work_do_not_raise_it(key):
+    """Neither appended to both answers nor to agent 2's alone, to an honest answer or to one whose agent 2 wrote too
+    little (so padding its length would pay if it counted); an addition is cut to the room left under 250 tokens, so
+    the structure's 256-token bound does not hide it."""
+    name, index = key
+    row = _packaged_row(name, index)
+    reward = _writing_reward(name, row)
+    env = envs.make(name)
+    h1, h2 = HONEST[key]
+    short = {  # agent 2 stops early: too short for the full length level
+        ("tldr", 0): _sentences(h2)[0] + " For instance, his house belongs to a realty company.",
+        ("tldr", 2): " ".join(_sentences(h2)[:2]),
+    }
+    bases = [HONEST[key], (h1, short.get(key, " ".join(_sentences(h2)[:-2])))]
+    lengths = [env.reward_func.score([c1], [c2], batch_items=[row])[0]["level/length"] for c1, c2 in bases]
+    assert any(0 < x < 1 for x in lengths)  # padding agent 2 would pay if it counted
+
+    def add(text, more):
+        return text + "\n" + " ".join(more.split()[: max(0, 250 - len(text.split()))])
+
+    for base in bases:
+        honest = reward(*base)
+        for hack, (a, b) in writing_hacks(name, row, base).items():
+            if hack == "generic text for any input":  # the known limit: test_generic_text_counts_only_by_chance
+                continue
+            for c1, c2 in ((add(base[0], a), add(base[1], b)), (base[0], add(base[1], b))):
+                got = reward(c1, c2)
+                assert got <= honest + 1e-9, f"{name} row {index}: adding '{hack}' raises {honest:.3f} to {got:.3f}"
+
+
+def test_generic_text_counts_only_by_chance():
+    """The known limit of a bag-of-words check: a generic sentence counts when its topic words happen to be a
+    quarter from the text (abstracts share boilerplate like "attention in recent years"). Alone such text scores
+    nothing, but a counted sentence or two added to an honest arxiv answer can move its length ratio."""
+    for name, count in (("tldr", 100), ("arxiv", 200)):
+        env = envs.make(name)
+        rows = env.load_dataset()
+        counted = total = 0
+        for row in rows:
+            for text in GENERIC[name]:
+                total += len(_sentences(text))
+                counted += len(counted_sentences(text, env.task_context(row)))
+        assert len(rows) == count and counted / total < 0.08, f"{name}: {counted} of {total} generic sentences count"
+        c1, c2 = GENERIC[name]
+        assert max(env.reward_func([c1] * count, [c2] * count, batch_items=list(rows))) <= 0.5
+
+
+POST = (
+    "POST: My landlord kept my whole security deposit after I moved out of the apartment, claiming the carpet was "
+    "damaged, although it was already worn when I moved in. Should I take him to small claims court?"
+)
+CONTEXT = task_context(POST, [f"Summarize the post below.\n\n{POST}\n\nSummary:"])
+
+
+@pytest.mark.parametrize(
+    "sentence, counts",
+    [
+        ("The landlord withheld the deposit over a carpet that was worn before the tenant arrived.", True),
+        ("This is a difficult situation that many people face today.", False),  # about nothing in the post
+        ("My landlord kept my whole security deposit after I moved out.", False),  # copied from the post
+        ("Summarize the post below.", False),  # the instructions echoed
+        ("landlord deposit carpet damaged apartment worn security court claims", False),  # a keyword list
+        ("landlord kept whole security deposit after moved apartment claiming carpet damaged although", False),  # the
+        # post's own words rearranged (nothing in the writer's words)
+        ("The tenant asks whether small claims court could recover the deposit " + "and the carpet " * 20, False),
+    ],
+)
+def test_which_sentences_count(sentence, counts):
+    assert counted_sentences(sentence, CONTEXT) == ([sentence] if counts else [])
+
+
+def test_repeated_and_teammate_sentences_do_not_count():
+    own = "The landlord withheld the deposit over a carpet that was worn before the tenant arrived."
+    more = "The tenant wonders whether small claims court is worth it."
+    assert counted_sentences(f"{own} {own} {more}", CONTEXT) == [own, more]  # the repeat is left out
+    assert counted_sentences(f"{own} {more}", CONTEXT, before=own) == [more]  # agent 2 repeating agent 1
+    assert counted_sentences("Deposit kept. Deposit kept. Deposit kept.", CONTEXT) == ["Deposit kept."]
+    # no source: the sentences are not checked for being about it, the rest still is
+    generic = "This is a difficult situation that many people face today."
+    assert counted_sentences(f"{generic} {generic}", task_context(None)) == [generic]
+    assert stem("searched") == stem("searches") == stem("search") and stem("smiling") == stem("smile")
+    assert stem("considerable") != stem("considerations")
+
+
+def test_transitions_count_two_per_counted_sentence():
+    listed = "Moreover, however, as a result, for instance, indeed, the landlord kept the deposit, refusing any refund."
+    assert sentence_transitions(listed, 2) == ["elaboration", "contrast"]
+    assert len(transition_categories(listed)) == 5  # the published count: every category anywhere
+    row = {"prompt": POST}
+    c1 = "The landlord kept the deposit over a worn carpet."
+    c2 = (
+        "The tenant moved out, and the landlord then withheld the entire deposit. However, the landlord blamed "
+        "damage to the carpet, which was already worn at move-in. " + listed
+    )
+    out = envs.make("tldr").reward_func.score([c1], [c2], batch_items=[row])[0]
+    assert out["metric/counted_2"] == 1.0
+    # sequence ("then"), contrast ("However"), then the list's first two: elaboration and contrast again
+    assert out["metric/transition_categories"] == 3
+    assert score_writing(c1, c2, TLDR_TIERS)["metric/transition_categories"] == 6  # uncapped
+
+
+def test_structure_bounds_what_was_written():
+    row = _packaged_row("tldr", 0)
+    reward = _writing_reward("tldr", row)
+    c1, c2 = HONEST[("tldr", 0)]
+    assert reward(c1, c2) > 2.5
+    assert reward(c1, c2 + " " + _gibberish(200, 3)) == 0.0  # 256 tokens at most, counted or not
+    assert reward("Corporations are people.", c2) == 0.0  # agent 1 needs 8 tokens in counted sentences
+
+
+def test_scoring_without_the_source_warns(caplog):
+    env = envs.make("tldr")
+    c1, c2 = HONEST[("tldr", 0)]
+    with caplog.at_level("WARNING", logger="comlrl.envs.writing"):
+        out = env.reward_func.score([c1], [c2])[0]
+        env.reward_func.score([c1], [c2])
+    assert out["reward"] > 2.5 and caplog.text.count("without the source text") == 1

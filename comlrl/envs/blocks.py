@@ -23,21 +23,25 @@ Tasks, generated in code and deterministic by seed (:func:`make_task`):
 
 Team reward (tiered, maximum 4.0). T: the target's filled cells; built: the grid's filled cells after
 the valid commands; correct: cells of T holding the target block; extra: built cells that are not
-correct (outside T, or the wrong block):
+correct (outside T, or the wrong block). Each cell of the grid belongs to the agent whose command
+wrote it last (placed its block, or cleared it):
 
 ================  ======  ===================================================================================
 level key         points  value
 ================  ======  ===================================================================================
-level/commands    0.5     fraction of agents with at least one valid command; stop when none has
+level/commands    0.5     fraction of agents owning at least one correct cell; stop when none does
 level/coverage    2.5     max(0, (correct - extra) / |T|): coverage of the target minus extra blocks
 level/exact       1.0     the grid is exactly the target
-level/palette     -0.5    fraction of the target's materials that appear nowhere in the grid
-level/invalid     -0.5    invalid commands / command lines (all agents)
+level/palette     -0.5    mean over the target's materials of the fraction of its cells not correct
+level/invalid     -0.5    min(1, rejected commands / 4), all agents together: 0.125 points per rejected command
 ================  ======  ===================================================================================
 
+Only blocks of the target pay: a valid command that builds nothing of it (a no-op ``air``, a token block
+of a teammate's material, a block in the wrong place) earns no ``level/commands`` and does not lower
+``level/palette``; the invalid penalty counts rejected commands, so valid filler lines cannot dilute it.
 ``level/coverage`` and ``level/exact`` are 0 after the stop; the penalties always count, so an answer
-with no valid command scores between -1.0 (only rejected commands) and -0.5 (nothing, every material
-unused), and one whose commands are all valid at least -0.25, more than saying nothing. Other score keys:
+that builds nothing of the target scores -0.5 (every material missing) and 0.125 less per rejected
+command, at least -1.0. Other score keys:
 ``metric/iou`` (shape IoU of built and T), ``metric/accuracy`` (correct / |T|), ``metric/extra``
 (extra / |T|), ``metric/n_commands``, ``metric/n_invalid``, ``metric/agent_<i>_valid``. ``evaluate``
 adds ``blocks/iou`` and ``blocks/exact``.
@@ -77,6 +81,7 @@ MAX_REWARD = 4.0
 MAX_COMMANDS = 24  # per agent and task
 SPLIT_SEEDS = {"train": (0, 400), "test": (100_000, 100)}  # first seed, number of tasks
 MAX_LISTED = 12  # boxes / rejected commands listed in feedback
+INVALID_UNIT = 4  # rejected commands that cost the whole level/invalid penalty
 
 # 3x5 pixel font: five rows of three columns, top row first
 FONT = {
@@ -370,7 +375,14 @@ def read_commands(text: str, agent: int, task: BlocksTask, palette: tuple[str, .
 
 def apply_commands(commands: list[Command]) -> dict[tuple[int, int, int], str]:
     """The grid (filled cells -> block) after the valid commands, in order, from an empty grid."""
+    return build(commands)[0]
+
+
+def build(commands: list[Command]) -> tuple[dict[tuple[int, int, int], str], dict[tuple[int, int, int], int]]:
+    """The grid after the valid commands (as :func:`apply_commands`) and each written cell's owner: the agent
+    whose command wrote it last (placed a block or cleared it)."""
     grid: dict[tuple[int, int, int], str] = {}
+    owner: dict[tuple[int, int, int], int] = {}
     for c in commands:
         if not c.valid or c.box is None:
             continue
@@ -378,11 +390,12 @@ def apply_commands(commands: list[Command]) -> dict[tuple[int, int, int], str]:
         for x in range(x1, x2 + 1):
             for y in range(y1, y2 + 1):
                 for z in range(z1, z2 + 1):
+                    owner[(x, y, z)] = c.agent
                     if c.block == AIR:
                         grid.pop((x, y, z), None)
                     else:
                         grid[(x, y, z)] = c.block
-    return grid
+    return grid, owner
 
 
 def render_layers(task: BlocksTask, grid: dict[tuple[int, int, int], str]) -> list[str]:
@@ -499,24 +512,33 @@ def judge(task: BlocksTask, replies: list[str]) -> BlocksJudgement:
     limit = task.max_commands * (len(task.palettes) if n == 1 else 1)
     per_agent = [read_commands(r, i, task, palettes[i], limit) for i, r in enumerate(replies)]
     commands = [c for cs in per_agent for c in cs]
-    grid = apply_commands(commands)
+    grid, owner = build(commands)
     target = task.target
-    correct = sum(grid.get(c) == b for c, b in target.items())
+    right = [c for c, b in target.items() if grid.get(c) == b]
+    correct = len(right)
     extra = sum(target.get(c) != b for c, b in grid.items())
     overlap = len(set(grid) & set(target))
     union = len(set(grid) | set(target))
     n_invalid = sum(not c.valid for c in commands)
-    active = [any(c.valid for c in cs) for cs in per_agent]
+    # an agent is active when a correct cell is its doing: a valid command that builds nothing of the target
+    # (a no-op, a token block anywhere) earns nothing
+    active = [any(owner[c] == i for c in right) for i in range(n)]
     levels = {k: 0.0 for k in LEVELS}
     levels["level/commands"] = sum(active) / n
     if any(active):
         size = len(target)
         levels["level/coverage"] = max(0.0, (correct - extra) / size) if size else float(not grid)
         levels["level/exact"] = float(grid == target)
-    # the penalties always count: placing nothing leaves every material unused
-    materials = task.materials
-    levels["level/palette"] = len(materials - set(grid.values())) / len(materials) if materials else 0.0
-    levels["level/invalid"] = n_invalid / len(commands) if commands else 0.0
+    # the penalties always count: placing nothing leaves every material missing. A material is missing in
+    # proportion to its cells not built (one block of it somewhere does not make it used); the invalid penalty
+    # counts rejected commands (a ratio would let valid filler lines dilute it)
+    per_material: dict[str, list[bool]] = {}
+    for c, b in target.items():
+        per_material.setdefault(b, []).append(grid.get(c) == b)
+    levels["level/palette"] = (
+        sum(1 - sum(ok) / len(ok) for ok in per_material.values()) / len(per_material) if per_material else 0.0
+    )
+    levels["level/invalid"] = min(1.0, n_invalid / INVALID_UNIT)
     metrics = {
         "metric/iou": overlap / union if union else 1.0,
         "metric/accuracy": correct / len(target) if target else 1.0,

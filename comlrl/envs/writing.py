@@ -1,13 +1,32 @@
 """Writing tasks for two agents: ``tldr`` (summaries) and ``arxiv`` (paper introductions).
 
-Team reward (the published MAGRPO set-up; see docs/environments.md). ``c1``/``c2`` are agent 1's and
-agent 2's outputs. Tokens are whitespace-separated; distinct words are lower-cased ``\\w+`` runs. The
-levels are tiered: a level whose measure falls outside its range scores 0 and stops the scoring.
+Team reward: the published MAGRPO set-up (see docs/environments.md), measured only on the sentences that do
+the task. A sentence of an output counts when it is
+
+* **about the text** (the post, the abstract): at least one of its topic words, and a quarter of them (or three
+  and a sixth of them, for a long sentence that adds context), occur in the text. Topic words: lower-cased words
+  of 3+ characters, or numbers, that are neither stop words nor transition words; they match on a light stem
+  (:func:`stem`: "searched" matches "search");
+* **the agent's own words**: at most half of its word 4-grams (the whole sentence if shorter) occur in a prompt
+  (the text and every role's instructions), earlier in the same output (this sentence included) or, for agent 2,
+  in agent 1's output; it is no lightly edited copy of one or two consecutive sentences of those (difflib ratio
+  of the words below 0.75, for 4+ words); and a sentence of 8+ words has at least one word in 12 that no prompt
+  has (not the text's own words rearranged);
+* **prose**: at most 60 words, and in a sentence of 8+ words at least one stop word per 12 words (no keyword
+  lists, no unpunctuated dumps).
+
+Everything else (an echoed role hint or prompt, copied or lightly edited text, a repeated sentence, filler that is
+about nothing in the text, gibberish, a list of keywords or of transition words) is left out before the levels
+are measured, so it can neither earn points nor pad a length or vocabulary ratio. ``c1``/``c2`` below are the
+words of agent 1's and agent 2's counted sentences (lower-cased, single-spaced: extra spaces, punctuation or
+symbols pad nothing). Tokens are whitespace-separated; distinct words are lower-cased ``\\w+`` runs. The levels
+are tiered: a level whose measure falls outside its range scores 0 and stops the scoring.
 
 =========  ======  =========================================  ==========================================
 level      points  tldr                                       arxiv
 =========  ======  =========================================  ==========================================
-structure  0.5     both outputs have 8..256 tokens            both outputs have 128..256 tokens
+structure  0.5     both outputs have <= 256 tokens, c1 and    both outputs have <= 256 tokens, c1 and
+                   c2 >= 8 tokens                             c2 >= 128 tokens
 length     1.0     r = chars(c2)/chars(c1): 1.0 on [1.6, 3.2]; 1.0 on [1.3, 1.6]; ramps on [0.8, 1.3]
                    (r-1.1)/0.5 on [1.1, 1.6); 1-(r-3.2)/1.8   and (1.6, 2.0]; stop outside [0.8, 2.0]
                    on (3.2, 5.0]; stop outside [1.1, 5.0]
@@ -17,13 +36,25 @@ distinct   0.5     r = distinct(c2)/distinct(c1): 0.5 for     0.5 on [0.7, 1.3];
 style      1.0     0.4 * transition + 0.6 * overlap           same, transitions counted in c1 and c2
 =========  ======  =========================================  ==========================================
 
-transition: 0 with no category of transition words found, else 0.4 + 0.05 per extra category (max 1.0).
+transition: 0 with no category of transition words found, else 0.4 + 0.05 per extra category, capped at 1.0
+(twelve categories give 0.95, so the reachable maximum is 2.98); a sentence contributes its first two
+categories (a list of transition words earns two at most, and only inside a counted sentence).
 overlap: Jaccard similarity of the two outputs' content words (stop words removed), min(J, 0.03)/0.03
 (0 when both have no content words). Maximum team reward 3.0.
 
 Score keys (each level as the fraction of its points earned): ``level/structure``, ``level/length``,
-``level/distinct``, ``level/style``; raw measures ``metric/tokens_1``, ``metric/tokens_2``,
+``level/distinct``, ``level/style``; raw measures ``metric/tokens_1``, ``metric/tokens_2`` (all tokens
+written), ``metric/counted_1``, ``metric/counted_2`` (share of the output's sentence characters that count),
 ``metric/length_ratio``, ``metric/distinct_ratio``, ``metric/transition_categories``, ``metric/jaccard``.
+:func:`score_writing` is the published form alone (whole texts, no task check), for reference.
+
+Without a source (a row with no post / abstract, or no ``batch_items``) the "about the text" check is
+skipped (the other two still apply) and a warning is logged once.
+
+Known limits (no grammar or meaning is checked): a generic sentence counts when its topic words happen to be a
+quarter from the text (4-7% of the sentences of a generic paragraph on the packaged data; abstracts share
+boilerplate such as "attention in recent years"); filler inside a sentence that stays about the text, and a salad
+of the text's words punctuated into sentences with stop words and a new word mixed in, also count.
 
 With ``num_agents=1`` one model writes both parts separated by the marker line ``### PART 2`` and the
 reward splits its answer there (the single-agent baseline).
@@ -32,10 +63,12 @@ reward splits its answer there (the single-agent baseline).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import datasets
 
@@ -44,6 +77,8 @@ from .core.base import Env, Formatter, TeamReward, register
 from .core.loaders import load_rows, text_field
 from .core.packaged import PACKAGED
 from .wordlists import STOPWORDS, TRANSITIONS
+
+log = logging.getLogger(__name__)
 
 MARKER = "### PART 2"
 _MARKER_LINE = re.compile(r"^[ \t#*=\-]*part\s*2\b.*$", re.I | re.M)
@@ -78,6 +113,13 @@ def transition_categories(text: str) -> set[str]:
     """Categories of transition words found in ``text`` (whole-word, case-insensitive)."""
     lower = text.lower()
     return {cat for cat, pattern in _TRANSITION_RE.items() if pattern.search(lower)}
+
+
+def sentence_transitions(sentence: str, limit: int) -> list[str]:
+    """The first ``limit`` categories of transition words in ``sentence``, in the order they appear."""
+    lower = sentence.lower()
+    found = [(m.start(), cat) for cat, pattern in _TRANSITION_RE.items() if (m := pattern.search(lower))]
+    return [cat for _, cat in sorted(found)[:limit]]
 
 
 def transition_score(n_categories: int) -> float:
@@ -130,18 +172,25 @@ LEVELS = ("level/structure", "level/length", "level/distinct", "level/style")
 
 
 def score_writing(c1: str, c2: str, tiers: WritingTiers) -> dict[str, float]:
-    """The tiered team reward of one joint answer, with each level's fraction and the raw measures."""
+    """The published tiered reward of two whole texts (no task check), each level's fraction and the raw
+    measures; the environments' reward is :func:`score_task`."""
+    cats = transition_categories(c1 + "\n" + c2 if tiers.transitions_in_both else c2)
+    return _tiered(c1, c2, tiers, cats, (count_tokens(c1), count_tokens(c2)))
+
+
+def _tiered(c1: str, c2: str, tiers: WritingTiers, cats: set[str], written: tuple[int, int]) -> dict[str, float]:
+    """The levels on ``c1``/``c2`` with the transition categories ``cats``; ``written``: the tokens each agent
+    wrote (the structure's upper bound)."""
     out = {key: 0.0 for key in LEVELS}
     n1, n2 = count_tokens(c1), count_tokens(c2)
     w1, w2 = distinct_words(c1), distinct_words(c2)
     length_ratio = len(c2) / len(c1) if c1 else 0.0
     distinct_ratio = len(w2) / len(w1) if w1 else 0.0
-    cats = transition_categories(c1 + "\n" + c2 if tiers.transitions_in_both else c2)
     jac = jaccard(content_words(c1), content_words(c2))
     out.update(
         {
-            "metric/tokens_1": float(n1),
-            "metric/tokens_2": float(n2),
+            "metric/tokens_1": float(written[0]),
+            "metric/tokens_2": float(written[1]),
             "metric/length_ratio": length_ratio,
             "metric/distinct_ratio": distinct_ratio,
             "metric/transition_categories": float(len(cats)),
@@ -150,7 +199,7 @@ def score_writing(c1: str, c2: str, tiers: WritingTiers) -> dict[str, float]:
     )
     lo, hi = tiers.tokens
     levels = []
-    if lo <= n1 <= hi and lo <= n2 <= hi:
+    if lo <= n1 and lo <= n2 and max(written) <= hi:
         levels.append(1.0)
         length, ok = plateau(length_ratio, *tiers.length) if c1 else (0.0, False)
         levels.append(length)
@@ -164,6 +213,159 @@ def score_writing(c1: str, c2: str, tiers: WritingTiers) -> dict[str, float]:
         out[key] = value
     out["reward"] = float(sum(w * v for w, v in zip(tiers.weights, levels)))
     return out
+
+
+# --- the task check: which sentences count -------------------------------------------------------------------
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+_SOURCE_LABEL = re.compile(r"^[ \t]*(?:SUBREDDIT|TITLE|POST):", re.M)
+TRANSITION_WORDS = frozenset(w for ps in TRANSITIONS.values() for p in ps for w in re.findall(r"[a-z0-9]+", p))
+GROUNDED_SHARE = 0.25  # of a sentence's topic words found in the source (and at least one) ...
+GROUNDED_LONG = (3, 1 / 6)  # ... or at least 3 and a sixth of them (a long sentence that adds context)
+COPIED_SHARE = 0.5  # of its 4-grams seen in a prompt, earlier in the output or in agent 1's output: at most
+PROSE_WORDS, PROSE_STOPWORDS = 8, 1 / 12  # a sentence of 8+ words needs a stop word per 12 words
+NEAR_COPY = 0.75  # difflib ratio with one or two consecutive sentences seen before: a lightly edited copy
+NEW_WORDS = 1 / 12  # and a word no prompt has per 12 words (not a rearrangement of the text's words)
+MAX_SENTENCE_WORDS = 60  # a longer run without a sentence break is a list or a dump, not a sentence
+TRANSITIONS_PER_SENTENCE = 2
+_SUFFIXES = (("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""), ("s", ""))
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-cased words (letters and digits, with an apostrophe suffix: "can't")."""
+    return _TOKEN.findall(text.lower())
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences: split after . ! ? followed by white space, and at line breaks."""
+    return [s.strip() for s in _SENTENCE_BREAK.split(text) if s.strip()]
+
+
+def stem(word: str) -> str:
+    """A light stem: one inflection stripped (-s, -ed, -ing, -ies/-ied to -y), then a final e or a doubled
+    consonant, so "searched", "searches" and "search" match, and "smiling" matches "smile", but not
+    "considerable" and "considerations"."""
+    for suffix, replace in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            if suffix == "s" and word.endswith(("ss", "us", "is")):
+                break
+            word = word[: -len(suffix)] + replace
+            break
+    if len(word) >= 4 and word.endswith("e"):
+        word = word[:-1]
+    if len(word) >= 4 and word[-1] == word[-2] and word[-1] not in "lsz":
+        word = word[:-1]
+    return word
+
+
+def topic_words(words: Sequence[str]) -> set[str]:
+    """Words that carry a topic: 3+ characters or a number, neither a stop word nor a transition word."""
+    return {w for w in words if w not in STOPWORDS and w not in TRANSITION_WORDS and (len(w) >= 3 or w.isdigit())}
+
+
+def ngrams(words: Sequence[str], longest: int = 4) -> set[tuple[str, ...]]:
+    """Every run of 1 to ``longest`` consecutive words."""
+    return {tuple(words[i : i + n]) for n in range(1, longest + 1) for i in range(len(words) - n + 1)}
+
+
+def _windows(text: str) -> list[tuple[str, ...]]:
+    """The words of each sentence of ``text`` and of each two consecutive sentences."""
+    sentences = [tuple(tokens(s)) for s in split_sentences(text)]
+    return [w for w in sentences + [a + b for a, b in zip(sentences, sentences[1:])] if w]
+
+
+def near_copy(words: Sequence[str], windows: Sequence[Sequence[str]]) -> bool:
+    """Whether ``words`` (a sentence) is a lightly edited copy of a window: difflib's ratio (2 * matched words /
+    both lengths) at least ``NEAR_COPY``; the lengths and the shared words rule most windows out cheaply."""
+    n = len(words)
+    for window in windows:
+        if min(n, len(window)) * 2 < NEAR_COPY * (n + len(window)):
+            continue
+        matcher = difflib.SequenceMatcher(None, words, window, autojunk=False)
+        if matcher.quick_ratio() >= NEAR_COPY and matcher.ratio() >= NEAR_COPY:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a row's answers are checked against: the source's topic stems (None: no source, not checked), the
+    word n-grams of every prompt (the source and each role's instructions) and the prompts' sentence windows
+    (see :func:`near_copy`)."""
+
+    source_stems: frozenset[str] | None
+    prompt_ngrams: frozenset[tuple[str, ...]]
+    prompt_windows: tuple[tuple[str, ...], ...] = ()
+
+
+def task_context(source: str | None, prompts: Sequence[str] = ()) -> TaskContext:
+    """The :class:`TaskContext` of a source text (labels like ``POST:`` dropped) and the prompts shown."""
+    stems = None if source is None else frozenset(stem(w) for w in topic_words(tokens(_SOURCE_LABEL.sub(" ", source))))
+    windows = tuple(dict.fromkeys(w for p in prompts for w in _windows(p)))
+    return TaskContext(stems, frozenset(g for p in prompts for g in ngrams(tokens(p))), windows)
+
+
+def counted_sentences(text: str, context: TaskContext, before: str = "") -> list[str]:
+    """The sentences of ``text`` that count (module docstring): about the source, not copied from a prompt,
+    from earlier in ``text`` or from ``before`` (agent 1's output, for agent 2), and prose."""
+    seen = ngrams(tokens(before))
+    earlier = _windows(before)  # sentences an edited copy could come from: agent 1's, then this output's
+    kept = []
+    previous: tuple[str, ...] = ()
+    for sentence in split_sentences(text):
+        words = tokens(sentence)
+        if not words:
+            continue
+        edited = len(words) >= 4 and near_copy(words, [*context.prompt_windows, *earlier])
+        earlier += [tuple(words), previous + tuple(words)] if previous else [tuple(words)]
+        previous = tuple(words)
+        n = min(4, len(words))
+        copied = 0
+        for i in range(len(words) - n + 1):  # seen before: in a prompt, agent 1's output, or earlier in this one
+            gram = tuple(words[i : i + n])
+            copied += gram in seen or gram in context.prompt_ngrams
+            seen |= ngrams(gram)
+        copied /= len(words) - n + 1
+        if context.source_stems is not None:
+            topic = topic_words(words)
+            grounded = sum(stem(w) in context.source_stems for w in topic)
+            enough = grounded >= GROUNDED_SHARE * len(topic) or (
+                grounded >= GROUNDED_LONG[0] and grounded >= GROUNDED_LONG[1] * len(topic)
+            )
+            if grounded == 0 or not enough:
+                continue
+        if copied > COPIED_SHARE or edited:
+            continue
+        if len(words) >= PROSE_WORDS and sum((w,) not in context.prompt_ngrams for w in words) < NEW_WORDS * len(words):
+            continue
+        if len(words) > MAX_SENTENCE_WORDS:
+            continue
+        if len(words) >= PROSE_WORDS and sum(w in STOPWORDS for w in words) < PROSE_STOPWORDS * len(words):
+            continue
+        kept.append(sentence)
+    return kept
+
+
+def score_task(c1: str, c2: str, tiers: WritingTiers, context: TaskContext) -> dict[str, float]:
+    """The environments' reward: the tiers on each output's counted sentences (module docstring)."""
+    s1, s2 = counted_sentences(c1, context), counted_sentences(c2, context, before=c1)
+    cats = {
+        cat
+        for sentence in ([*s1, *s2] if tiers.transitions_in_both else s2)
+        for cat in sentence_transitions(sentence, TRANSITIONS_PER_SENTENCE)
+    }
+    # measured on the counted sentences' words (padding with spaces, punctuation or symbols adds nothing)
+    words_1, words_2 = (" ".join(w for s in kept for w in tokens(s)) for kept in (s1, s2))
+    out = _tiered(words_1, words_2, tiers, cats, (count_tokens(c1), count_tokens(c2)))
+    for i, (text, kept) in enumerate(((c1, s1), (c2, s2)), 1):
+        total = sum(len(s) for s in split_sentences(text))
+        out[f"metric/counted_{i}"] = sum(len(s) for s in kept) / total if total else 0.0
+    return out
+
+
+def _no_context(row: dict) -> TaskContext:
+    return task_context(None)
 
 
 def split_marked(answer: str) -> tuple[str, str]:
@@ -180,17 +382,30 @@ class WritingReward(TeamReward):
 
     level_names = LEVELS
 
-    def __init__(self, num_agents: int, name: str, tiers: WritingTiers) -> None:
+    def __init__(
+        self, num_agents: int, name: str, tiers: WritingTiers, context: Callable[[dict], TaskContext] | None = None
+    ) -> None:
+        """``context``: a row's :class:`TaskContext` (its source and prompts); None checks no source."""
         super().__init__(num_agents, name)
         self.tiers = tiers
         self.max_reward = sum(tiers.weights)
+        self.context = context or _no_context
+        self._warned = False
 
     def score_batch(self, agent_completions: list[list[str]], rows: list[dict]) -> list[dict[str, float]]:
         if self.num_agents == 1:
             pairs = [split_marked(a) for a in agent_completions[0]]
         else:
             pairs = list(zip(agent_completions[0], agent_completions[1]))
-        return [score_writing(c1, c2, self.tiers) for c1, c2 in pairs]
+        contexts = [self.context(row) for row in rows]
+        if not self._warned and any(c.source_stems is None for c in contexts):
+            self._warned = True
+            log.warning(
+                "%s: scoring without the source text (no batch_items, or a row without it): sentences are not "
+                "checked for being about the text, only for copying, repetition and prose.",
+                self.__name__,
+            )
+        return [score_task(c1, c2, self.tiers, ctx) for (c1, c2), ctx in zip(pairs, contexts)]
 
 
 # --- environments ---------------------------------------------------------------------------------
@@ -211,11 +426,27 @@ class WritingEnv(Env):
         if jaccard_cap is not None and not 0 < jaccard_cap <= 1:
             raise ValueError(f"{self.name}: jaccard_cap must be in (0, 1], got {jaccard_cap}.")
         tiers = self.tiers if jaccard_cap is None else dataclasses.replace(self.tiers, jaccard_cap=jaccard_cap)
-        self.reward_func = WritingReward(num_agents, self.name, tiers)
+        self._contexts: dict[str | None, TaskContext] = {}
+        self.reward_func = WritingReward(num_agents, self.name, tiers, self.task_context)
         self.external_transition = None
 
     def _text(self, row: dict) -> str:
         raise NotImplementedError
+
+    def _source(self, row: dict) -> str | None:
+        """The row's text, or None when the row has none."""
+        raise NotImplementedError
+
+    def task_context(self, row: dict) -> TaskContext:
+        """What the reward checks a row's answers against: its text and every role's prompt for it (cached)."""
+        source = self._source(row)
+        context = self._contexts.get(source)
+        if context is None:
+            if len(self._contexts) > 1024:
+                self._contexts.clear()
+            context = task_context(source, [t.format(text=source or "") for t in self.prompts])
+            self._contexts[source] = context
+        return context
 
     def _formatter(self, template: str) -> Formatter:
         def format_prompt(row: dict) -> str:
@@ -275,6 +506,9 @@ class TldrEnv(WritingEnv):
     def _text(self, row: dict) -> str:
         return _post_text(row)
 
+    def _source(self, row: dict) -> str | None:
+        return _post_text(row) if row.get("prompt") is not None or row.get("post") is not None else None
+
     def roles(self) -> list[str]:
         if self.num_agents == 1:
             return ["both summaries, separated by the marker line"]
@@ -328,6 +562,9 @@ class ArxivEnv(WritingEnv):
 
     def _text(self, row: dict) -> str:
         return text_field(row, "abstract", "abstract_text").strip()
+
+    def _source(self, row: dict) -> str | None:
+        return self._text(row) if row.get("abstract") is not None or row.get("abstract_text") is not None else None
 
     def roles(self) -> list[str]:
         if self.num_agents == 1:

@@ -23,7 +23,7 @@ run of agent 2's asserts uses the ``strict`` verdict: its text can never move a 
 
 The wrong functions are the problem's mutants (:mod:`comlrl.envs.coding.mutants`: off-by-one constants, flipped
 comparisons, swapped operators, negated conditions); a problem without a mutant is judged by its foils instead
-(``metric/foil_judged``), and one with neither gets no mutant or agreement credit (``metric/unjudged``).
+(``metric/foil_judged``), and one with neither gets no validity, mutant or agreement credit (``metric/unjudged``).
 Mutants per problem: the first ``3 x max_mutants`` candidates (operators interleaved) run once against the
 problem's hidden asserts (the first ``max_tests`` single ``assert`` statements that pass on the reference);
 a candidate that passes all of them is *equivalent on the hidden tests* and is dropped
