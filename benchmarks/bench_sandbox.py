@@ -3,6 +3,8 @@ old mode (program and tests in one freshly started interpreter, ``verdict="legac
 
     python benchmarks/bench_sandbox.py            # latency, pool, MBPP side by side (200 tasks)
     python benchmarks/bench_sandbox.py --datasets # plus the acceptance runs over whole datasets
+    python benchmarks/bench_sandbox.py --plain 100 --rounds 3  # only: split vs plain `python -I`
+    python benchmarks/bench_sandbox.py --plain 100 --no-site  # the same against `python -I -S`
 
 Side by side: MBPP reference solutions at workers=1, both modes in alternating chunks of 25 (so
 that load from other processes hits both alike); programs/s of each and the ratio. With
@@ -62,7 +64,7 @@ def _mbpp_rows() -> list[dict]:
 
 
 def _mbpp_job(row: dict, verdict: str) -> dict:
-    from comlrl.envs.code_tasks import mbpp_entry_point
+    from comlrl.envs.coding.tasks import mbpp_entry_point
 
     entry = mbpp_entry_point(row["code"], row["test_list"])  # may be a builtin's name (MBPP 126: sum)
     job = dict(program=row["code"], tests=row["test_list"], setup=row["test_setup_code"], limits=GENEROUS)
@@ -89,6 +91,88 @@ def bench_mbpp_side_by_side(n: int, chunk: int = 25) -> None:
             f"({elapsed[verdict]:.1f} s, {passed[verdict]} pass)"
         )
     print(f"  split / legacy: {rate['split'] / rate['legacy']:.2f}x")
+
+
+PLAIN_FLAGS = ["-I"]  # how the plain interpreter starts (--no-site adds -S)
+
+
+def _plain_run(source: str) -> bool:
+    """One source (program, setup, asserts) in a plain ``python -I`` subprocess; exit code 0 = pass."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write(source)
+    try:
+        cmd = [sys.executable, *PLAIN_FLAGS, fh.name]
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=GENEROUS.timeout)
+        return done.returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+    finally:
+        os.unlink(fh.name)
+
+
+def _zygote_cpu() -> float:
+    """CPU seconds of the sandbox's zygotes and every process they have reaped (the runs)."""
+    from comlrl.sandbox import _zygote
+
+    total = 0
+    for zygote in list(_zygote._zygotes.values()):
+        with open(f"/proc/{zygote.proc.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu(children: bool) -> float:
+    t = os.times()
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)
+
+
+def bench_plain(n: int, rounds: int = 1, workers: int = 2, chunk: int = 25) -> None:
+    """The first ``n`` MBPP reference solutions through ``run_many`` (split verdict) and as plain
+    ``python -I`` subprocesses (program + setup + asserts in one file), ``workers`` at a time each,
+    alternating chunk by chunk so that load from other processes hits both alike.
+
+    Wall clock gives programs/s. On a shared machine the split mode's several processes per run
+    get a larger share of contended CPUs than one interpreter per run does, so the CPU time each
+    side spends per program (this process and all it started, or the zygote and its runs) is
+    printed too: where CPUs are the limit (workers >= cores on an idle machine), its ratio is the
+    throughput ratio."""
+    rows = _mbpp_rows()[:n]
+    sources = ["\n".join([r["code"], r["test_setup_code"], *r["test_list"]]) for r in rows]
+    run_many([_mbpp_job(r, "split") for r in rows[: 2 * workers]], max_workers=workers)  # zygote, pool
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(_plain_run, sources[:workers]))
+        for r in range(rounds):
+            elapsed = {"split": 0.0, "plain": 0.0}
+            cpu = {"split": 0.0, "plain": 0.0}
+            split: list[bool] = []
+            plain: list[bool] = []
+            for i in range(0, len(rows), chunk):
+                order = ("split", "plain") if (i // chunk + r) % 2 == 0 else ("plain", "split")
+                for which in order:
+                    cpu_start = _own_cpu(which == "plain") + (_zygote_cpu() if which == "split" else 0.0)
+                    start = time.perf_counter()
+                    if which == "split":
+                        jobs = [_mbpp_job(row, "split") for row in rows[i : i + chunk]]
+                        split += [res.all_passed for res in run_many(jobs, max_workers=workers)]
+                    else:
+                        plain += list(pool.map(_plain_run, sources[i : i + chunk]))
+                    elapsed[which] += time.perf_counter() - start
+                    own = _own_cpu(which == "plain")
+                    if which == "split":
+                        time.sleep(0.2)  # the runs' processes exit right after their verdicts
+                        own += _zygote_cpu()
+                    cpu[which] += own - cpu_start
+            rate = {k: len(rows) / v for k, v in elapsed.items()}
+            per = {k: 1e3 * v / len(rows) for k, v in cpu.items()}
+            differ = [row["task_id"] for row, a, b in zip(rows, split, plain) if a != b]
+            print(
+                f"MBPP first {len(rows)}, workers={workers}, round {r + 1}: split {rate['split']:.1f} programs/s "
+                f"({sum(split)} pass), plain python {' '.join(PLAIN_FLAGS)} {rate['plain']:.1f} ({sum(plain)} pass): "
+                f"split / plain {rate['split'] / rate['plain']:.2f}; CPU per program {per['split']:.1f} ms / "
+                f"{per['plain']:.1f} ms: plain / split {per['plain'] / per['split']:.2f}; verdicts differ: "
+                f"{differ or 'none'}; load average {os.getloadavg()[0]:.1f}"
+            )
 
 
 def _plain_passes(source: str, unittest_module: bool) -> bool:
@@ -161,7 +245,15 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=200, help="trivial programs per pool run")
     parser.add_argument("--mbpp", type=int, default=200, help="MBPP tasks in the side-by-side run (974 = all)")
     parser.add_argument("--datasets", action="store_true", help="also the acceptance runs over whole datasets")
+    parser.add_argument("--plain", type=int, default=0, help="only: N MBPP tasks, split vs plain python -I")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of --plain")
+    parser.add_argument("--no-site", action="store_true", help="--plain: python -I -S (no site, no .pth files)")
+    parser.add_argument("--workers", type=int, default=2, help="workers of --plain")
     args = parser.parse_args()
+    if args.plain:
+        PLAIN_FLAGS[:] = ["-I", "-S"] if args.no_site else ["-I"]
+        bench_plain(args.plain, args.rounds, args.workers)
+        return
     info = run_tests(**TRIVIAL).info["isolation"]
     print(
         f"isolation mode: {isolation_mode()}, network isolation: {network_isolation_available()}, view: "

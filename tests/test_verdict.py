@@ -433,6 +433,22 @@ def test_seccomp_filter_acts():
         assert refused.all_passed, refused.tests
 
 
+def test_judge_is_pid_2_of_its_namespace(monkeypatch):
+    """The seccomp filter refuses signals to pid 2 as to the judge: with every launcher (a prepared
+    run forked straight into its pid namespace or behind a relay, a spawned interpreter) init is
+    pid 1 and forks the judge first. The tests run in the judge, so they can look."""
+    info = run_tests("", ["assert True"]).info["isolation"]
+    if not info["pidns"]:
+        pytest.skip("no pid namespace here")
+    where = "import os\nassert (os.getpid(), os.getppid()) == (2, 1), (os.getpid(), os.getppid())"
+    result = run_tests("x = 1", [where])
+    assert result.all_passed, (result.info["isolation"]["launcher"], result.tests)
+    monkeypatch.setenv("COMLRL_SANDBOX_ZYGOTE", "0")
+    result = run_tests("x = 1", [where])
+    assert result.info["isolation"]["launcher"] == "spawn"
+    assert result.all_passed, result.tests
+
+
 def test_cgroup_limits_act():
     info = run_tests("", ["assert True"]).info["isolation"]
     if info["cgroup"] != "on":
@@ -453,7 +469,7 @@ def humaneval_problems():
 
 
 def test_humaneval_canonical_solutions_and_helpers(humaneval_problems):
-    from comlrl.envs.code_tasks import prompt_context
+    from comlrl.envs.coding.tasks import prompt_context
 
     jobs = []
     for p in humaneval_problems:
@@ -483,7 +499,7 @@ def test_code_rewards_resist_the_hacks(env_name, humaneval_problems, shared_data
     else:
         mbpp = [json.loads(line) for line in (shared_data / "mbpp.jsonl").read_text().splitlines()]
         rows = [r for r in mbpp if r["task_id"] in (11, 12, 17)]
-    from comlrl.envs.code_tasks import task_from_row
+    from comlrl.envs.coding.tasks import task_from_row
 
     tasks = [task_from_row(r) for r in rows]
     honest = env.reward_func.score([t.reference for t in tasks], batch_items=rows)
@@ -511,7 +527,7 @@ CLASS_HACKS = {
 
 
 def test_classeval_reward_resists_the_hacks(shared_data):
-    from comlrl.envs.classeval import task_from_row
+    from comlrl.envs.coding.classeval import task_from_row
 
     env = envs.make("classeval", num_agents=1)
     rows = [dict(r) for r in env.load_dataset(str(shared_data / "classeval.json"), limit=12)]
@@ -555,3 +571,39 @@ def test_dataset_samples_keep_their_verdicts(shared_data):
         (r.message, [t for t in r.tests if t.status != "passed"][:2]) for r in results if not r.all_passed
     ]
     assert [r.info["verdict"] for r in results] == ["split"] * 7 + ["shared"]
+
+
+def test_static_test_count_is_safe_on_many_threads():
+    """run_many counts tests on worker threads. On CPython < 3.11.8 two threads building ASTs at once (a garbage
+    collection inside one lets the other run) raised "AST constructor recursion depth mismatch"; CI hit it on the
+    ClassEval references. Collections here are frequent and yield the GIL, which made it fail every run."""
+    import gc
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from comlrl.sandbox import static_test_count
+
+    tests = "import unittest\n\n" + "\n".join(
+        f"class T{i}(unittest.TestCase):\n"
+        + "".join(
+            f"    def test_{j}(self):\n        self.assertEqual(f({{'a': [1, (2, g({j}))]}}), {i})\n" for j in range(10)
+        )
+        for i in range(20)
+    )
+
+    def yield_gil(phase, info):
+        time.sleep(0)
+
+    def count(_):
+        return [static_test_count(tests, "unittest") for _ in range(10)]
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(yield_gil)
+    gc.set_threshold(100)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            counts = [n for c in pool.map(count, range(8)) for n in c]
+    finally:
+        gc.callbacks.remove(yield_gil)
+        gc.set_threshold(*threshold)
+    assert counts == [200] * 80

@@ -385,7 +385,7 @@ class Link:
                 return None
         return obj if callable(obj) else None
 
-    def namespace(self, listing: list, allow_shadowing: list, used: set) -> dict:
+    def namespace(self, listing: list, allow_shadowing: list, used: _Names) -> dict:
         """The tests' view of the program's globals: data as data, the rest as references.
 
         A global that takes a builtin's name (``def abs(x): return 0``) is left out, so the tests'
@@ -433,6 +433,19 @@ class Link:
             flags = 0 if tag == "M" else _i(tree, 5 if tag == "F" else 3)
             return self._remote(ref, None, typename, flags, [str(f) for f in fakes[:32]])
         raise codec.BadMessage("bad global")
+
+
+class _Names:
+    """``_names`` of the tests, parsed on the first question (most programs shadow nothing)."""
+
+    def __init__(self, tests: object, setup: str) -> None:
+        self.sources: tuple | None = (tests, setup)
+        self.names: set = set()
+
+    def __contains__(self, name: object) -> bool:
+        if self.sources is not None:
+            self.names, self.sources = _names(*self.sources), None
+        return name in self.names
 
 
 def _names(tests: object, setup: str) -> set:
@@ -519,7 +532,7 @@ def run(cfg: dict, job: dict, emit, link: Link) -> None:  # noqa: ANN001
     sys.modules[ht.TESTS_MODULE] = module  # so unittest and pickling find the test classes
     namespace = module.__dict__
     namespace["__file__"] = os.path.join(cfg["workdir"], "program.py")  # as the program's (never written)
-    used = _names(job["tests"], job["setup"])
+    used = _Names(job["tests"], job["setup"])
     namespace.update(link.namespace(listing, list(job.get("allow_shadowing") or ()), used))
     failure = None
     if job["setup"]:

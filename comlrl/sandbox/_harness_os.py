@@ -43,6 +43,8 @@ MOUNT_OPTION_FLAGS = {
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 libc = ctypes.CDLL(None, use_errno=True)
+for _name in ("capset", "mount", "prctl", "setfsuid", "setns", "syscall", "umount2", "unshare"):
+    getattr(libc, _name, None)  # looked up once here (in the zygote), not in every process of a run
 
 
 def check(ret: int, what: str) -> None:
@@ -189,6 +191,11 @@ def setup_full_mounts(cfg: dict) -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, _proc_options(cfg))
 
 
+def view_paths() -> list[str]:
+    """The interpreter's paths as the view holds them (the same for every run of a zygote)."""
+    return [p for p in _interpreter_paths() if os.path.exists(p)]
+
+
 def setup_scratch_mounts(cfg: dict) -> None:
     """Inside the prepared view (the zygote built it): fresh scratch space and /proc for one run.
 
@@ -197,7 +204,7 @@ def setup_scratch_mounts(cfg: dict) -> None:
     class reads, and the reverse)."""
     size = cfg["disk_mb"]
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, _proc_options(cfg))  # cover binds via it
-    needed = [p for p in _interpreter_paths() if os.path.exists(p)]  # as the view holds them
+    needed = cfg.get("view_paths") or view_paths()
     for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
         cover(scratch, needed, size, "1777")  # a virtualenv in /tmp (the view's part of it) stays visible
     tmpfs(cfg["workdir"], size, "0777")

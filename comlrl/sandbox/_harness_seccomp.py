@@ -57,6 +57,74 @@ def build() -> tuple[object, str]:
     return filt, "on"
 
 
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+class Compiled:
+    """The filter as the BPF program libseccomp generates, installed with prctl (what
+    ``seccomp_load`` does), without libseccomp or its binding in the process. Everything is
+    prepared in the zygote; a candidate only makes the two calls."""
+
+    def __init__(self, bpf: bytes) -> None:
+        import ctypes
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        self.bpf = ctypes.create_string_buffer(bpf, len(bpf))
+        self.prog = SockFprog(len(bpf) // 8, ctypes.addressof(self.bpf))
+        self.args = (ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self.prog), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        self.nnp = (ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+    def load(self) -> None:
+        import _harness_os as hos
+
+        hos.check(hos.libc.prctl(hos.PR_SET_NO_NEW_PRIVS, *self.nnp), "prctl(NO_NEW_PRIVS)")
+        hos.check(hos.libc.prctl(PR_SET_SECCOMP, *self.args), "prctl(SET_SECCOMP)")
+
+
+def build_compiled() -> tuple[Compiled | None, str]:
+    """``build``, run in a short-lived child that exports the filter as BPF: the zygote never imports
+    the binding, which brings ctypes.util, subprocess, threading and shutil with their extension
+    modules (memory every fork copies, after-fork hooks every process of every run runs)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(r)
+            filt, status = build()
+            if filt is None:
+                os.write(w, b"E" + status.encode())
+            else:
+                os.write(w, b"P")
+                filt.export_bpf(_Descriptor(w))  # type: ignore[attr-defined]
+        except BaseException as exc:  # noqa: BLE001 - reported as the reason seccomp is off
+            os.write(w, f"Eunavailable ({type(exc).__name__}: {exc})".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 1 << 16):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if data[:1] == b"P" and len(data) > 1 and (len(data) - 1) % 8 == 0:
+        return Compiled(data[1:]), "on"
+    if data[:1] == b"E":
+        return None, data[1:].decode(errors="replace")
+    return None, "unavailable (the filter could not be exported)"
+
+
+class _Descriptor:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+
 def _rule(filt: object, action: int, name: str, *args: object) -> None:
     try:
         filt.add_rule(action, name, *args)  # type: ignore[attr-defined]

@@ -2,10 +2,15 @@
 
 It starts like any harness (``python -I -S``), imports what runs need, enters its own mount (and
 network, and for ``ns-user`` user) namespace, builds the file-system view there, detects seccomp
-and cgroup v2, and then only forks. It never reads a program or a test: those stay in anonymous
-files that it passes on unread, so no run's memory (a fork of the zygote) can hold another run's
-data. After each run it reaps the run's first process, kills what is left of its process group and
-reports the exit status on the run's result channel ("reaped"), then closes that channel.
+(compiling the filter in a short-lived child) and cgroup v2, rehearses the judge's and the
+candidate's code on a constant job of its own (``_harness_warm``), and then only forks. It never
+reads a program or a test: those stay in anonymous files that it passes on unread, so no run's
+memory (a fork of the zygote) can hold another run's data. After each run it reaps the run's first
+process, kills what is left of its process group and reports the exit status on the run's result
+channel ("reaped"), then closes that channel.
+
+A prepared run's first process is its init, forked straight into a new pid namespace where the
+zygote may return to its own afterwards (ns-root); else (ns-user) a relay that forks init.
 
 Control socket (SOCK_SEQPACKET, JSON messages): first the trainer's configuration, answered by what
 the zygote managed to set up; then ``{"op": "run", "cfg": ...}`` with five descriptors (stdout,
@@ -27,8 +32,11 @@ import sys
 import _harness_os as hos
 
 # Imported once here so that no run pays for them (and none needs the files after the pivot).
+# Not unittest.mock: it imports asyncio, logging and threading, whose memory every fork copies and
+# whose after-fork hooks every process of every run would execute; the few tests that use it
+# (verdict="shared") import it themselves.
 PRELOAD = (
-    "_harness_judge _harness_candidate _harness_codec _harness_tests unittest unittest.mock json socket "
+    "_harness_judge _harness_candidate _harness_codec _harness_tests _harness_warm unittest json socket "
     "collections decimal fractions datetime math cmath re itertools functools heapq bisect string random "
     "typing operator copy statistics array hashlib struct textwrap dataclasses enum abc numbers fcntl "
     "resource traceback linecache tokenize inspect importlib importlib.util marshal binascii base64 io"
@@ -66,7 +74,11 @@ def setup(config: dict) -> dict:
 
     _preload()
     report: dict = {"ok": True, "pid": os.getpid(), "pool_disk_mb": DEFAULT_DISK_MB}
-    seccomp, report["seccomp"] = _harness_seccomp.build()
+    try:  # before the view hides /proc
+        report["_pidns"] = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        report["_pidns"] = -1
+    seccomp, report["seccomp"] = _harness_seccomp.build_compiled()
     cgroup, report["cgroup"] = _harness_seccomp.cgroup_base()  # before the view hides /sys
     _enter_namespaces(config)
     report["view"] = "none"
@@ -84,15 +96,24 @@ def setup(config: dict) -> dict:
 
 
 class Zygote:
-    def __init__(self, ctl: socket.socket, seccomp: object, cgroup: int | None, config: dict, view: str) -> None:
+    def __init__(
+        self, ctl: socket.socket, seccomp: object, cgroup: int | None, config: dict, view: str, pidns: int = -1
+    ) -> None:
         self.ctl, self.seccomp, self.cgroup = ctl, seccomp, cgroup  # cgroup: directory descriptor or None
         self.runs: dict[int, tuple[int, str]] = {}  # pid -> (result fd, nonce), for the "reaped" record
         # Prepared runs (namespaces, mounts, judge and candidate forked, all waiting for a job):
         # the forks happen while earlier runs execute, off the critical path.
         self.pooling = config["mode"].startswith("ns-") and view == "minimal"
         self.prepared: set[int] = set()
+        # Where it can (ns-root), a prepared run's init is our own child, forked straight into a new
+        # pid namespace (unshare before the fork, setns back after it): no relay process per run.
+        if not self.pooling and pidns >= 0:
+            os.close(pidns)
+        self.pidns = _usable_pid_namespace(pidns) if self.pooling else -1
         self.debug = bool(config.get("debug"))
         self.base = {"mode": config["mode"], "disk_mb": DEFAULT_DISK_MB, "uid": None, "workdir": "/sandbox"}
+        if self.pooling:
+            self.base["view_paths"] = hos.view_paths()  # found once, not in every run's init
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -154,13 +175,14 @@ class Zygote:
             self.ctl.send(json.dumps({"prepared": None}).encode())
             return
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(3)]
-        pid = os.fork()
+        direct = self.pidns >= 0
+        pid = _fork_into_new_pid_namespace(self.pidns) if direct else os.fork()
         if pid == 0:
             try:
                 self._reset_child()
                 cgroup = self._enter_cgroup()
                 hos.keep_only_fds({0, 1, 2, cgroup, *(theirs.fileno() for _, theirs in pairs)})
-                prepared_run([theirs for _, theirs in pairs], self.seccomp, self.base, cgroup)
+                prepared_run([theirs for _, theirs in pairs], self.seccomp, self.base, cgroup, direct)
             except BaseException:
                 if self.debug:
                     import traceback
@@ -267,14 +289,23 @@ def serve(ctl_fd: int) -> None:
     except Exception as exc:  # noqa: BLE001 - the trainer falls back to a fresh interpreter per run
         ctl.send(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
         return
-    seccomp, cgroup = report.pop("_seccomp"), report.pop("_cgroup")
+    seccomp, cgroup, pidns = report.pop("_seccomp"), report.pop("_cgroup"), report.pop("_pidns")
     ctl.send(json.dumps(report).encode())
     os.chdir("/")
+    try:
+        import _harness_warm
+
+        _harness_warm.rehearse({"workdir": "/sandbox", "cpu_seconds": 10, "packages": []})
+    except Exception:  # noqa: BLE001 - an optimisation only: runs then warm up themselves
+        if config.get("debug"):
+            import traceback
+
+            traceback.print_exc()
     sys.stdout.flush()
     import gc
 
     gc.freeze()  # runs never collect the zygote's objects: fewer copy-on-write page faults
-    zygote = Zygote(ctl, seccomp, cgroup, config, report["view"])
+    zygote = Zygote(ctl, seccomp, cgroup, config, report["view"], pidns)
     zygote.serve()
 
 
@@ -285,8 +316,54 @@ def _limit_cgroup(fd: int, cfg: dict) -> None:
     _harness_seccomp.limit_run_cgroup(fd, int(cfg["memory_mb"]), max_pids)
 
 
-def prepared_run(socks: list[socket.socket], seccomp: object, base: dict, cgroup: int = -1) -> None:
-    """A run made ready before its job (this process becomes its relay). Never returns.
+def _usable_pid_namespace(fd: int) -> int:
+    """``fd`` (our own pid namespace) if we can fork into a new one and come back, else -1 (as in
+    ns-user, where our pid namespace belongs to a user namespace we have no rights in). Tried in
+    a child: a failed return would leave its forks in the new namespace."""
+    if fd < 0:
+        return -1
+    tester = os.fork()
+    if tester == 0:  # pragma: no cover - runs in the child
+        try:
+            pid = _fork_into_new_pid_namespace(fd)
+            if pid == 0:
+                os._exit(0 if os.getpid() == 1 else 1)
+            ok = os.waitpid(pid, 0)[1] == 0
+            later = os.fork()  # back in our namespace: an ordinary child is not pid 1
+            if later == 0:
+                os._exit(0 if os.getpid() != 1 else 1)
+            os._exit(0 if ok and os.waitpid(later, 0)[1] == 0 else 1)
+        finally:
+            os._exit(1)
+    if os.waitpid(tester, 0)[1] == 0:
+        return fd
+    os.close(fd)
+    return -1
+
+
+def _fork_into_new_pid_namespace(own: int) -> int:
+    """fork(), the child as pid 1 of a new pid namespace; we stay in ours (``own``)."""
+    hos.check(hos.libc.unshare(hos.CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _return_to(own)
+        raise
+    if pid:
+        _return_to(own)
+    return pid
+
+
+def _return_to(own: int) -> None:
+    if hos.libc.setns(own, hos.CLONE_NEWPID) != 0:
+        os._exit(5)  # forking on into that namespace would put later runs together: no zygote at all
+
+
+def prepared_run(
+    socks: list[socket.socket], seccomp: object, base: dict, cgroup: int = -1, direct: bool = False
+) -> None:
+    """A run made ready before its job. Never returns. ``direct``: this process is pid 1 of its pid
+    namespace already (the zygote forked it there), else it becomes the relay and forks init.
 
     Namespaces, scratch mounts, the judge, the first candidate and the channel between them exist
     before the job comes; all three wait, no privileges dropped and no code of the job run, until
@@ -295,7 +372,10 @@ def prepared_run(socks: list[socket.socket], seccomp: object, base: dict, cgroup
     harness = sys.modules["__main__"]
     init_job, judge_job, candidate_job = socks
     hos.die_with_parent()
-    harness.enter_pid_namespace()
+    if direct:
+        hos.check(hos.libc.unshare(hos.CLONE_NEWNS | hos.CLONE_NEWIPC | hos.CLONE_NEWUTS), "unshare")
+    else:
+        harness.enter_pid_namespace()
     hos.setup_scratch_mounts(base)
     ctl, judge_ctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     judge_chan, candidate_chan = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -8,7 +8,6 @@ import marshal
 import os
 import secrets
 import select
-import selectors
 import shutil
 import signal
 import socket
@@ -196,19 +195,22 @@ class _Collector:
         self.caps = {self.out_fd: limits.max_output_bytes, self.err_fd: limits.max_output_bytes}
         self.caps[self.res_fd] = RESULT_CAP_BYTES
         self.raw = RawRun()
-        self.sel = selectors.DefaultSelector()
+        self.poll = select.poll()
+        self.open: set[int] = set()  # descriptors not at end of file yet
         for fd in fds:
             os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ)
+            self.poll.register(fd, select.POLLIN)
+            self.open.add(fd)
         self.pidfd = self._pidfd(proc.pid) if proc is not None else None
         self.result_eof = False
+        self.parsed: tuple[int, list[dict[str, Any]], int] | None = None  # (bytes parsed, records, forged)
 
     def _pidfd(self, pid: int) -> int | None:
         try:
             fd = os.pidfd_open(pid)  # readable once the process exits
         except (AttributeError, OSError):
             return None
-        self.sel.register(fd, selectors.EVENT_READ)
+        self.poll.register(fd, select.POLLIN)
         return fd
 
     def _kill_uids(self) -> None:
@@ -231,14 +233,16 @@ class _Collector:
         except BlockingIOError:
             return
         if not chunk:
-            self.sel.unregister(fd)
+            self.poll.unregister(fd)
+            self.open.discard(fd)
             self.result_eof = self.result_eof or fd == self.res_fd
             return
         buf = self.bufs[fd]
         if len(buf) < self.caps[fd]:
             buf += chunk[: self.caps[fd] - len(buf)]
         if fd == self.res_fd and self.early and b'"done"' in chunk:
-            records, _ = _parse_records(bytes(buf), self.nonce)
+            records, forged = _parse_records(bytes(buf), self.nonce)
+            self.parsed = (len(buf), records, forged)
             self.finished = any(r.get("type") == "done" for r in records)
         if fd != self.res_fd:
             self.raw.output_bytes += len(chunk)
@@ -248,7 +252,7 @@ class _Collector:
     def _drain_now(self) -> None:
         for fd in (self.out_fd, self.err_fd):
             for _ in range(64):
-                if fd not in self.sel.get_map() or self.raw.killed:
+                if fd not in self.open or self.raw.killed:
                     break
                 before = self.raw.output_bytes
                 self._read(fd)
@@ -282,7 +286,6 @@ class _Collector:
         try:
             self._loop()
         finally:
-            self.sel.close()
             if self.pidfd is not None:
                 os.close(self.pidfd)
         return self._finish()
@@ -293,8 +296,7 @@ class _Collector:
             now = time.monotonic()
             if drain_until is None and now >= self.deadline:
                 self.kill("timeout")
-            readers = [k for k in self.sel.get_map().values() if k.fd != self.pidfd]
-            if drain_until is not None and (not readers or now >= drain_until):
+            if drain_until is not None and (not self.open or now >= drain_until):
                 break
             if drain_until is None and now >= self.deadline + KILL_GRACE_SECONDS:
                 break  # unkillable (e.g. stuck in the kernel): give up rather than hang the pool
@@ -306,12 +308,12 @@ class _Collector:
                 wait = self.deadline - now
             if self.proc is not None and self.pidfd is None:
                 wait = min(wait, POLL_SECONDS)
-            for key, _ in self.sel.select(max(wait, 0.0)):
-                if key.fd != self.pidfd:
-                    self._read(key.fd)
+            for fd, _ in self.poll.poll(1e3 * min(max(wait, 0.0), 3600.0)):
+                if fd != self.pidfd and fd in self.open:
+                    self._read(fd)
             if drain_until is None and self._exited():
                 if self.pidfd is not None:
-                    self.sel.unregister(self.pidfd)  # stays readable; stop waking up on it
+                    self.poll.unregister(self.pidfd)  # stays readable; stop waking up on it
                 if self.finished and not self.result_eof:
                     self._drain_now()  # the output is in the pipes already; take it and go
                     break
@@ -321,7 +323,11 @@ class _Collector:
         raw = self.raw
         raw.pending = self.proc is None and not self.result_eof
         raw.stdout, raw.stderr = bytes(self.bufs[self.out_fd]), bytes(self.bufs[self.err_fd])
-        raw.records, raw.forged = _parse_records(bytes(self.bufs[self.res_fd]), self.nonce)
+        result = self.bufs[self.res_fd]
+        if self.parsed is not None and self.parsed[0] == len(result):  # nothing came after "done"
+            raw.records, raw.forged = self.parsed[1], self.parsed[2]
+        else:
+            raw.records, raw.forged = _parse_records(bytes(result), self.nonce)
         reaped = next((r for r in raw.records if r.get("type") == "reaped"), None)
         if self.proc is None and reaped is not None:
             raw.returncode = reaped.get("code") if isinstance(reaped.get("code"), int) else None
@@ -443,6 +449,7 @@ def _run(
     result_r, result_w = os.pipe()
     proc = None
     out_r = err_r = -1
+    taken = False  # a prepared run of the zygote's
     try:
         try:
             if zygote is None:
@@ -455,7 +462,7 @@ def _run(
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
                 try:
-                    relay = _dispatch(zygote, cfg, (out_w, err_w, result_w, program_fd, tests_fd))
+                    relay, taken = _dispatch(zygote, cfg, (out_w, err_w, result_w, program_fd, tests_fd))
                 finally:
                     os.close(out_w)
                     os.close(err_w)
@@ -480,11 +487,14 @@ def _run(
                 os.close(fd)
         if proc is not None:
             _cleanup(proc, uid)
+        if taken:
+            zygote.ended()
 
 
-def _dispatch(zygote: Any, cfg: dict[str, Any], fds: tuple[int, int, int, int, int]) -> int:
+def _dispatch(zygote: Any, cfg: dict[str, Any], fds: tuple[int, int, int, int, int]) -> tuple[int, bool]:
     """Start the run: hand it to a prepared run (its three processes get their parts of the job
-    directly from us), or have the zygote fork a fresh one. Returns the pid to kill it by."""
+    directly from us), or have the zygote fork a fresh one. Returns the pid to kill it by, and
+    whether it was a prepared run (``zygote.ended()`` is due when it is over)."""
     out_w, err_w, result_w, program_fd, tests_fd = fds
     eligible = cfg["verdict"] == "split" and cfg["disk_mb"] == zygote.pool_disk_mb
     while eligible:
@@ -497,13 +507,14 @@ def _dispatch(zygote: Any, cfg: dict[str, Any], fds: tuple[int, int, int, int, i
             socket.send_fds(init, [msg], [out_w, err_w, result_w, program_fd])
             socket.send_fds(judge, [msg], [result_w, tests_fd, err_w])
             socket.send_fds(candidate, [msg], [program_fd, out_w, err_w])
-            return relay
+            return relay, True
         except OSError:  # it died while waiting (before any part of this job ran): take another
             zygote.kill(relay)
+            zygote.ended()
         finally:
             for sock in (init, judge, candidate):
                 sock.close()
-    return zygote.launch(cfg, fds)
+    return zygote.launch(cfg, fds), False
 
 
 def _cleanup(proc: subprocess.Popen, uid: int | None) -> None:
@@ -529,20 +540,23 @@ class _Finisher:
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[int | None, float]] = {}  # fd -> (uid, give-up time)
         self._pid = -1
-        self._wake_r = self._wake_w = -1
+        self._epoll: Any = None
 
     def add(self, fd: int, uid: int | None) -> None:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked copy: a thread of our own
                 self._pid = os.getpid()
                 self._pending = {}
-                self._wake_r, self._wake_w = os.pipe()
-                threading.Thread(target=self._loop, name="comlrl-sandbox-finisher", daemon=True).start()
+                self._epoll = select.epoll()
+                threading.Thread(
+                    target=self._loop, args=(self._epoll,), name="comlrl-sandbox-finisher", daemon=True
+                ).start()
             self._pending[fd] = (uid, time.monotonic() + FINISH_SECONDS)
-            os.write(self._wake_w, b"x")
+            self._epoll.register(fd, select.EPOLLIN)  # its thread wakes up when there is something to do
 
     def _done(self, fd: int, sweep: bool) -> None:
         uid, _ = self._pending.pop(fd)
+        self._epoll.unregister(fd)
         os.close(fd)
         if uid is not None:
             if sweep:
@@ -550,17 +564,12 @@ class _Finisher:
                 kill_uid(uid + 1)
             UID_POOL.release(uid)
 
-    def _loop(self) -> None:
+    def _loop(self, epoll: Any) -> None:
         while True:
+            ready = [fd for fd, _ in epoll.poll(0.5)]
             with self._lock:
-                fds = list(self._pending)
-                wake = self._wake_r
-            ready, _, _ = select.select([wake, *fds], [], [], 0.5)
-            with self._lock:
-                if wake in ready:
-                    os.read(wake, 4096)
                 for fd in ready:
-                    if fd != wake and fd in self._pending:
+                    if fd in self._pending:
                         try:
                             chunk = os.read(fd, 65536)
                         except OSError:

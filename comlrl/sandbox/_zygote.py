@@ -30,7 +30,7 @@ logger = logging.getLogger("comlrl.sandbox")
 
 ZYGOTE_ENV = "COMLRL_SANDBOX_ZYGOTE"
 START_TIMEOUT = 60.0  # seconds for the zygote to import, build its view and report
-PREPARED = 2  # prepared runs kept ready (each: four idle processes, no task data)
+PREPARED = 2  # prepared runs kept ready, plus one per run in progress (each: three idle processes, no task data)
 
 
 class ZygoteError(RuntimeError):
@@ -72,6 +72,7 @@ class Zygote:
         self.pooling = ns and self.view == "minimal"
         self.prepared: collections.deque[tuple[int, list[socket.socket]]] = collections.deque()
         self.asked = 0  # "prepare" requests not answered yet
+        self.running = 0  # runs in progress (taken, not ended): as many again are kept in preparation
         self.answers: collections.deque[dict] = collections.deque()  # replies to "run"
         if self.pooling:
             with self.lock:
@@ -152,16 +153,23 @@ class Zygote:
         with self.lock:
             while self._receive(block=False):
                 pass
+            self.running += 1
+            # Refilled while this one runs; one more per concurrent run, so that workers do not
+            # take runs whose processes are still being forked.
+            while len(self.prepared) + self.asked < PREPARED + self.running:
+                self._ask_prepare()
+            while not self.prepared and self.asked:
+                self._receive(block=True)
             if not self.prepared:
-                if not self.asked:
-                    self._ask_prepare()
-                while not self.prepared and self.asked:
-                    self._receive(block=True)
-            if not self.prepared:
+                self.running -= 1
                 return None
             run = self.prepared.popleft()
-            self._ask_prepare()  # refilled while this one runs
         return run
+
+    def ended(self) -> None:
+        """A run taken with ``take_prepared`` is over."""
+        with self.lock:
+            self.running = max(self.running - 1, 0)
 
     def launch(self, cfg: dict[str, Any], fds: tuple[int, ...]) -> int:
         """Fork one run with these descriptors (stdout, stderr, result, program, tests); its pid."""
