@@ -8,7 +8,7 @@ import platform
 import threading
 from dataclasses import dataclass
 
-from ._harness_os import processes_of_uid
+from .harness._harness_os import processes_of_uid
 from ._process import execute
 from ._types import SandboxLimits
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._harness_os import kill_uid  # the harness processes use the same one
+from .harness._harness_os import kill_uid  # the harness processes use the same one
 from ._types import SandboxLimits
 
-HARNESS = Path(__file__).with_name("_harness.py")
+HARNESS = Path(__file__).parent / "harness" / "_harness.py"
 RESULT_CAP_BYTES = 4 * 1024 * 1024  # result records kept; more is a program flooding the channel
 DRAIN_SECONDS = 0.5  # after the harness exits, how long to wait for pipes still held open
 FINISH_SECONDS = 10.0  # how long a finished run's processes may take to go before a uid sweep
