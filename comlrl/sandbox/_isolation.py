@@ -8,9 +8,9 @@ import platform
 import threading
 from dataclasses import dataclass
 
-from .harness._harness_os import processes_of_uid
 from ._process import execute
 from ._types import SandboxLimits
+from .harness._harness_os import processes_of_uid
 
 logger = logging.getLogger("comlrl.sandbox")
 

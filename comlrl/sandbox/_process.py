@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .harness._harness_os import kill_uid  # the harness processes use the same one
 from ._types import SandboxLimits
+from .harness._harness_os import kill_uid  # the harness processes use the same one
 
 HARNESS = Path(__file__).parent / "harness" / "_harness.py"
 RESULT_CAP_BYTES = 4 * 1024 * 1024  # result records kept; more is a program flooding the channel
