@@ -15,9 +15,9 @@ import pytest
 import comlrl.envs as envs
 from comlrl import cli, runconfig
 from comlrl.envs import DatasetError
-from comlrl.envs.core import loaders
 from comlrl.envs.coding.classeval import task_from_row as class_task
 from comlrl.envs.coding.tasks import task_from_row as code_task
+from comlrl.envs.core import loaders
 from comlrl.envs.core.packaged import PACKAGED, read_packaged
 
 REPO = Path(__file__).resolve().parents[1]
