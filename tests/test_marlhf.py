@@ -44,6 +44,13 @@ def cfg(tmp_path, **kw):
     return MARLHFConfig(**base)
 
 
+def trainer(tmp_path, **kw) -> MARLHFTrainer:
+    """The tiny two-agent MARLHF run most tests use: ROWS, the length reward; ``args`` keywords go to cfg()."""
+    kw.setdefault("train_dataset", ROWS)
+    kw.setdefault("reward_func", length_reward)
+    return MARLHFTrainer(model=tiny_model(), num_agents=2, tokenizer=tiny_tokenizer(), **kw)
+
+
 def test_rl_config_takes_the_run_settings_and_rl_args(tmp_path):
     args = cfg(tmp_path, rl_args={"advantage_mode": "loo", "beta": 0.02})
     rl = rl_config(args)
@@ -59,14 +66,7 @@ def test_rl_config_takes_the_run_settings_and_rl_args(tmp_path):
 
 
 def test_three_stages_end_to_end(tmp_path):
-    t = MARLHFTrainer(
-        model=tiny_model(),
-        num_agents=2,
-        tokenizer=tiny_tokenizer(),
-        train_dataset=ROWS,
-        reward_func=length_reward,
-        args=cfg(tmp_path),
-    )
+    t = trainer(tmp_path, args=cfg(tmp_path))
     out = t.train()
     pairs = read_jsonl(shard_path(tmp_path / "run", 0))
     assert pairs and all(p["chosen_reward"] > p["rejected_reward"] for p in pairs)
@@ -81,14 +81,7 @@ def test_three_stages_end_to_end(tmp_path):
     assert "eval/reward/level/reward_model" not in ev
     # resuming reuses the saved reward model (no stage 1 or 2 again)
     t.rl.save_checkpoint()
-    again = MARLHFTrainer(
-        model=tiny_model(),
-        num_agents=2,
-        tokenizer=tiny_tokenizer(),
-        train_dataset=ROWS,
-        reward_func=length_reward,
-        args=cfg(tmp_path, max_steps=3, overwrite_output_dir=True),
-    )
+    again = trainer(tmp_path, args=cfg(tmp_path, max_steps=3, overwrite_output_dir=True))
     again.preference_pairs = lambda: pytest.fail("stage 1 ran again on resume")
     # a run saved before the score statistic was kept: it is recomputed from the stored pairs
     saved = tmp_path / "run" / "reward_model" / "metrics.json"
@@ -131,14 +124,7 @@ def test_labelled_pairs_need_no_task_reward(tmp_path):
 def test_reward_model_scores_are_normalized_with_the_logged_statistic(tmp_path):
     """Stage 3 reads (score - mean) / std, mean and std of the reward model's scores on the stage 1 pairs' joint
     answers (both sides), reported as reward_model/score_mean and reward_model/score_std."""
-    t = MARLHFTrainer(
-        model=tiny_model(),
-        num_agents=2,
-        tokenizer=tiny_tokenizer(),
-        train_dataset=ROWS,
-        reward_func=length_reward,
-        args=cfg(tmp_path, max_steps=1),
-    )
+    t = trainer(tmp_path, args=cfg(tmp_path, max_steps=1))
     assert t.args.reward_model_normalize is True
     out = t.train()
     rm = out["reward_model"]
@@ -207,15 +193,7 @@ def test_unreadable_text_is_counted_and_skipped_not_fatal(tmp_path):
 
 def test_reward_model_from_an_in_memory_lora_team_has_no_adapter_layers(tmp_path):
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    t = MARLHFTrainer(
-        model=tiny_model(),
-        num_agents=2,
-        tokenizer=tiny_tokenizer(),
-        train_dataset=ROWS,
-        reward_func=length_reward,
-        args=cfg(tmp_path, reward_model_training="lora", reward_model_epochs=1),
-        peft_config=lora,
-    )
+    t = trainer(tmp_path, args=cfg(tmp_path, reward_model_training="lora", reward_model_epochs=1), peft_config=lora)
     t.fit_reward_model(t.preference_pairs())
     names = [n for n, _ in t.reward_model[0].backbone.named_parameters()]
     assert not any("agent_" in n for n in names), [n for n in names if "agent_" in n][:3]
