@@ -604,8 +604,8 @@ class MADPOConfig(PreferenceConfig):
     )
     disable_dropout: bool = help_field(
         True,
-        "Set every dropout probability of the agents' models to 0 (TRL's DPOConfig default). The reference "
-        "log-probs and evaluate() on labelled pairs are computed in eval mode either way.",
+        "Set every dropout probability of the agents' models to 0 (TRL's DPOConfig default). With dropout on, the "
+        "reference log-probs and evaluate() on labelled pairs are computed in eval mode.",
     )
     beta: float = help_field(0.1, "DPO's beta: the scale of the implied reward beta * log(pi / ref) (TRL's default).")
     loss_type: str = help_field(

@@ -9,7 +9,8 @@ pairs of earlier rounds. Offline (``preferences='dataset'``), the pairs are a da
 The loss (:func:`comlrl.algorithms.preference.team_dpo_loss`) reads each agent's log-probs of its part of both
 joint answers, over every completion token up to and including the stop token (a truncated answer has none), at
 temperature 1: summed for DPO, averaged per token for IPO (:func:`~comlrl.algorithms.preference.sequence_logps`,
-TRL's reductions). The reference log-probs and :meth:`MADPOTrainer.evaluate_pairs` are computed in eval mode.
+TRL's reductions). The reference log-probs are computed without dropout (eval mode when dropout is on) and
+:meth:`MADPOTrainer.evaluate_pairs` in eval mode.
 """
 
 from __future__ import annotations
@@ -611,7 +612,8 @@ class MADPOTrainer(MultiAgentTrainer):
         self, records: list[dict], tensors: list[list[torch.Tensor]]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(N, B) reference log-probs of the chosen and rejected answers (reduced as :meth:`_sequence_logps`),
-        computed once per pair in eval mode (no dropout, so the cached value is the reference's) and kept in it."""
+        computed once per pair without dropout (eval mode when dropout is on; else the train-mode forward the policy
+        uses) and kept in it."""
         if self.args.reference_free:
             return None, None
         missing = [k for k, r in enumerate(records) if "ref_chosen" not in r]
@@ -619,7 +621,10 @@ class MADPOTrainer(MultiAgentTrainer):
             for agent, t in zip(self.agents, tensors):
                 model = agent.model if agent.adapter is not None else agent.ref_model
                 ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
-                with torch.no_grad(), eval_mode([model]), ctx, self.autocast():
+                # Dropout on: the reference is the model without it (eval mode). Dropout off: the same math in
+                # either mode, and the train-mode forward is the one the policy's log-probs come from.
+                quiet = eval_mode([model]) if not self.args.disable_dropout else contextlib.nullcontext()
+                with torch.no_grad(), quiet, ctx, self.autocast():
                     logps = sequence_logps(completion_logprobs(model, *t), t[3], self.args.loss_type).tolist()
                 b = len(records)
                 for k in missing:
