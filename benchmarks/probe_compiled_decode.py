@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl.accel import fastgen
+from comlrl.accel import decode_weights
 from comlrl.accel.fastgen import fast_generate
 from comlrl.accel.lean import rms_norm_values
 from comlrl.engine.models import load_model
@@ -132,7 +132,7 @@ def main() -> None:
         for _, name in team:
             adapter_parameters(model, name)  # adapters in fp32, as the trainer keeps them
         extra["adapter_names"] = [name for _, name in team for _ in range(batch // ns.lora)]
-        routing = fastgen._Routing(extra["adapter_names"], ids.device)
+        routing = decode_weights.Routing(extra["adapter_names"], ids.device)
         for layer in base.model.layers:  # fastgen's own stacked factors of each (fused) projection
             attn, mlp = layer.self_attn, layer.mlp
             for mods in (
@@ -141,7 +141,7 @@ def main() -> None:
                 [mlp.gate_proj, mlp.up_proj],
                 [mlp.down_proj],
             ):
-                stacked = fastgen._stacked_lora(mods, routing)
+                stacked = decode_weights.stacked_lora(mods, routing)
                 lora += (stacked.a_blocks, stacked.b_blocks)
     with torch.no_grad():
         out = model(input_ids=ids[:, :prompt], use_cache=True, **extra)

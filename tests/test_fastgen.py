@@ -18,7 +18,10 @@ from transformers import (
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from comlrl.accel import fastgen
-from comlrl.accel.fastgen import _LlamaDecoder, _top_p_filter, fast_generate, sample_tokens, supports_fast_generate
+from comlrl.accel.decode_weights import can_prepack
+from comlrl.accel.fastgen import fast_generate, sample_tokens, supports_fast_generate
+from comlrl.accel.llama_decoder import LlamaDecoder
+from comlrl.accel.sampler import top_p_filter
 from comlrl.engine.rollout import left_pad
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21], [1, 30, 31, 32, 33, 34], [1, 40], [1, 50, 51, 52]]
@@ -156,7 +159,7 @@ def test_bf16_logits_close_to_hf_bf16():
     ids, mask = left_pad(PROMPTS, 0)
     with torch.no_grad():
         ref = copy.deepcopy(model).to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits[:, -1].float()
-        ours = _LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
+        ours = LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
         fp32 = model(input_ids=ids, attention_mask=mask).logits[:, -1]
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max() < 0.05 * fp32.abs().max()
@@ -225,7 +228,7 @@ def test_mixed_adapters_same_prompt_not_merged():
     assert torch.equal(mixed[4:, : alone[2].shape[1]], alone[2])
     assert not torch.equal(alone[0], alone[1])  # the adapters do differ
     # bf16 decode with routed adapters stays close to the fp32 logits of the model itself
-    dec = _LlamaDecoder(model.base_model.model, len(names), ids.shape[1] + 1, torch.bfloat16, "__base__", routed=names)
+    dec = LlamaDecoder(model.base_model.model, len(names), ids.shape[1] + 1, torch.bfloat16, "__base__", routed=names)
     logits = dec.prefill(ids, mask)
     with torch.no_grad():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -307,7 +310,7 @@ def test_top_p_keeps_the_same_tokens_as_hf(scale, top_p):
     logits = torch.randn(6, 5000, generator=torch.Generator().manual_seed(0)) * scale
     logits[::2] *= 4  # mix peaky and flat rows in one batch
     ref = TopPLogitsWarper(top_p)(None, logits)
-    assert torch.equal(torch.isinf(_top_p_filter(logits, top_p)), torch.isinf(ref))
+    assert torch.equal(torch.isinf(top_p_filter(logits, top_p)), torch.isinf(ref))
 
 
 def test_sampler_never_draws_zero_probability_tokens():
@@ -408,7 +411,7 @@ def test_gradient_checkpointing_keeps_the_llama_path_but_other_hooks_do_not():
     model.gradient_checkpointing_enable()  # puts a requires_grad hook on the input embeddings
     model.enable_input_require_grads()
     model.eval()
-    assert isinstance(fastgen._make_decoder(model, 1, 8, None), _LlamaDecoder)
+    assert isinstance(fastgen._make_decoder(model, 1, 8, None), LlamaDecoder)
     ids, mask = left_pad(PROMPTS, 0)
     assert torch.equal(greedy(model, ids, mask, 0, [2], 8, backend="llama"), hf_greedy(model, ids, mask, 0, [2], 8))
     model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)  # changes the outputs
@@ -540,13 +543,13 @@ def test_fp32_decode_reads_wide_projections_in_place():
     layer run on packed copies where oneDNN can pack; the prefill's logits are the model's own."""
     model = tiny_qwen2()  # q/k/v biases too
     ids, mask = left_pad([[1, 5, 6, 7], [1, 20]], 0)
-    decoder = _LlamaDecoder(model, batch=2, max_len=16, dtype=None)
+    decoder = LlamaDecoder(model, batch=2, max_len=16, dtype=None)
     weights, layer = decoder.layers[0], model.model.layers[0]
     assert all(p.weight_first for p in weights.qkv + weights.o + weights.gate_up)
     attn = layer.self_attn
     own = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj]
     assert all(p.weight is m.weight for p, m in zip(weights.qkv + weights.o + weights.gate_up, own))
-    if fastgen._can_prepack(torch.float32, torch.device("cpu")):
+    if can_prepack(torch.float32, torch.device("cpu")):
         assert weights.down[0].packed is not None and decoder.lm_head[0].packed is not None
     logits = decoder.prefill(ids, mask)
     ref = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -1]

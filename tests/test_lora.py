@@ -277,10 +277,11 @@ def test_routed_forward_refuses_a_layer_it_cannot_compute():
 
 def test_freed_memory_is_released_between_phases_unless_turned_off(monkeypatch):
     """release_memory (default on) trims the heap twice per update, for full fine-tunes and LoRA teams alike."""
-    from comlrl.trainers import base
+    from comlrl.trainers import base, update
 
     calls = []
-    monkeypatch.setattr(base, "release_freed_memory", lambda: calls.append(1))
+    for module in (base, update):  # after the rollout (the loop), after the last agent's update (the update)
+        monkeypatch.setattr(module, "release_freed_memory", lambda: calls.append(1))
 
     def count(peft, **kw):
         calls.clear()

@@ -95,15 +95,15 @@ def test_temperature_rollout_logprobs_are_the_tempered_policy(fast):
 def test_temperature_reaches_the_reference_and_old_logprobs(monkeypatch):
     """Every scoring pass of the loss (policy, old, KL reference) runs at the rollout's temperature."""
     seen = []
-    import comlrl.trainers.base as base
+    import comlrl.trainers.update as update
 
-    real = base.completion_logprobs
+    real = update.completion_logprobs
 
     def spy(*args, temperature=1.0, **kw):
         seen.append(temperature)
         return real(*args, temperature=temperature, **kw)
 
-    monkeypatch.setattr(base, "completion_logprobs", spy)
+    monkeypatch.setattr(update, "completion_logprobs", spy)
     make(temperature=0.8, beta=0.1, num_iterations=2).train()
     assert seen and set(seen) == {0.8}
 

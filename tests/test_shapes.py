@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from tiny import tiny_model
 
-from comlrl.accel import fastgen, head
+from comlrl.accel import head, llama_decoder
 from comlrl.accel.fastgen import fast_generate
 from comlrl.accel.head import head_logprobs
 from comlrl.accel.shapes import ROWS, TOKENS, pad_rows, pad_tokens, round_up
@@ -86,9 +86,9 @@ def test_head_logprobs_runs_bucketed_rows_with_the_same_values_and_gradients(mon
 def test_fast_generate_prefills_a_bucketed_prompt_and_still_matches_generate(monkeypatch):
     model = tiny_model(seed=2)
     widths = []
-    prefill = fastgen._LlamaDecoder.prefill
+    prefill = llama_decoder.LlamaDecoder.prefill
     monkeypatch.setattr(
-        fastgen._LlamaDecoder,
+        llama_decoder.LlamaDecoder,
         "prefill",
         lambda self, ids, mask: widths.append(ids.shape[1]) or prefill(self, ids, mask),
     )

@@ -149,7 +149,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch, fast):
-    import comlrl.engine.rollout as rollout
+    import comlrl.engine.generation as generation
 
     calls = []
     t = MAGRPOTrainer(
@@ -160,13 +160,13 @@ def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch, fast):
         args=cfg(per_device_train_batch_size=3, num_generations=4, max_steps=1, fast_generation=fast),
     )
     if fast:
-        orig = rollout.fast_generate
+        orig = generation.fast_generate
 
         def spy(model, input_ids, *args, **kw):
             calls.append(input_ids.shape[0])
             return orig(model, input_ids, *args, **kw)
 
-        monkeypatch.setattr(rollout, "fast_generate", spy)
+        monkeypatch.setattr(generation, "fast_generate", spy)
     else:
         for a in t.agents:
 

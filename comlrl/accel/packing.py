@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .fastgen import window_exceeded
+from .llama_decoder import window_exceeded
 
 
 def shared_prompt_layout(

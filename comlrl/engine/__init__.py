@@ -1,5 +1,6 @@
-"""What the training loop calls on models: loading (:mod:`.models`), LoRA teams on a shared base (:mod:`.team`),
-batched rollouts (:mod:`.rollout`), training-forward log-probs (:mod:`.logprobs`), per-row sampling streams
+"""What the training loop calls on models: loading (:mod:`.models`), LoRA teams on a shared base (:mod:`.team`), batched
+rollouts (:mod:`.rollout`) and the rollout engines behind them (:mod:`.generation`: comlrl's decode loop, transformers'
+``generate``; the one place that picks), training-forward log-probs (:mod:`.logprobs`), per-row sampling streams
 (:mod:`.sampling`), value models (:mod:`.critic`), reward calls and their checks (:mod:`.rewards`), and process-wide
 settings: seeds, device, bf16 detection, heap policy (:mod:`.process`).
 

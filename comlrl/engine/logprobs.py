@@ -12,9 +12,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..accel.attention import slot_attention, slot_attention_fits, slot_layout, training_attention
-from ..accel.fastgen import LLAMA_LAYOUTS, additive_mask
 from ..accel.head import contiguous_head_input, head_logprobs
 from ..accel.lean import lean_layers
+from ..accel.llama_decoder import LLAMA_LAYOUTS, additive_mask
 from ..accel.packing import shared_prompt_layout
 from ..accel.shapes import pad_tokens
 from ..algorithms.losses import token_logprobs

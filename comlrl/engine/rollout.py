@@ -1,6 +1,7 @@
 """Batched generation for one agent: tokenize + left-pad prompts, sample G completions each, mask after EOS.
 
-All prompts of a step x ``num_generations`` go through one ``generate`` call per agent.
+All prompts of a step x ``num_generations`` go through one call per agent to its rollout engine
+(:mod:`comlrl.engine.generation`: comlrl's decode loop or transformers' ``generate``), which sees token ids only.
 """
 
 from __future__ import annotations
@@ -9,12 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
-from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..accel.fastgen import fast_generate, supports_fast_generate
-from ..algorithms.losses import token_logprobs
+from .generation import Completions, GenerationSettings, PromptBatch, select_engine
 from .models import model_device
-from .sampling import RowSeededSampler
 
 
 @dataclass
@@ -47,22 +46,6 @@ class Samples:
             None if self.truncated is None else self.truncated[rows],
             logp,
         )
-
-
-@dataclass
-class GenerationSettings:
-    """Sampling settings for one generate call."""
-
-    max_new_tokens: int = 128
-    do_sample: bool = True
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_prompt_length: int | None = None
-    fast: bool = True  # use comlrl.accel.fastgen's decode loop when the model supports it (else HF generate)
-    concurrent: bool = True  # several models' calls decode at once on CPU (generate_concurrently)
-    logprobs: bool = False  # record Samples.rollout_logprobs
-    repetition_penalty: float = 1.0  # transformers' penalty on tokens already in the row (1: off)
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
@@ -166,7 +149,7 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
     side by side with one core each took 3.9 s against 4.6 s one after the other. Tokenizing and decoding text stay
     on the calling thread (a shared fast tokenizer is not safe to call concurrently). Requests sampling from the
     global RNG (no ``row_seeds``) run one after another, so their draws stay in a fixed order; so do all requests
-    when any has ``settings.concurrent`` off.
+    when any has ``settings.concurrent`` off, or runs on an engine that does not run in threads.
     """
     jobs = [_encode(r) for r in requests]
     threads = torch.get_num_threads()
@@ -176,133 +159,57 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
         and all(r.settings.concurrent for r in requests)
         and all(model_device(r.model).type == "cpu" for r in requests)
         and all(r.row_seeds is not None or not r.settings.do_sample for r in requests)
+        and all(select_engine(r.settings, r.model).runs_in_threads for r in requests)
     )
     if not concurrent:
         completions = [_sample(r, job) for r, job in zip(requests, jobs)]
     else:
         workers = min(len(requests), threads)
 
-        def run(pair: tuple[GenerationRequest, dict]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def run(pair: tuple[GenerationRequest, PromptBatch]) -> Completions:
             torch.set_num_threads(max(threads // workers, 1))  # this thread's intra-op pool only
             with torch.no_grad():
                 return _sample(*pair)
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="comlrl-rollout") as pool:
             completions = list(pool.map(run, zip(requests, jobs)))
-    return [_finish(r, job, *out) for r, job, out in zip(requests, jobs, completions)]
+    return [_finish(r, job, out) for r, job, out in zip(requests, jobs, completions)]
 
 
-def _encode(r: GenerationRequest) -> dict:
-    """Tokenized, left-padded prompt rows (G per prompt) and the ``generate`` keyword arguments of a request."""
+def _encode(r: GenerationRequest) -> PromptBatch:
+    """The prompt rows of a request as token ids: tokenized, truncated, G rows per prompt, left-padded."""
     chats = r.chat if isinstance(r.chat, list) else [r.chat] * len(r.prompts)
     encoded = [format_prompt(r.tokenizer, p, c) for p, c in zip(r.prompts, chats)]
-    settings = r.settings
-    if settings.max_prompt_length:
-        encoded = [e[-settings.max_prompt_length :] for e in encoded]
+    if r.settings.max_prompt_length:
+        encoded = [e[-r.settings.max_prompt_length :] for e in encoded]
     encoded = [e for e in encoded for _ in range(r.num_generations)]  # (B*G) rows, sample-major within a prompt
-    pad_id = r.tokenizer.pad_token_id
-    prompt_ids, prompt_mask = left_pad(encoded, pad_id)
-    stop = eos_ids(r.model, r.tokenizer)
-    kwargs = dict(max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id, eos_token_id=stop, use_cache=True)
-    if settings.repetition_penalty != 1.0:  # generate applies it before the logits processors (the sampler)
-        kwargs["repetition_penalty"] = settings.repetition_penalty
-    if settings.do_sample and r.row_seeds is not None:
-        if len(r.row_seeds) != len(encoded):
-            raise ValueError(f"row_seeds has {len(r.row_seeds)} seeds for {len(encoded)} rows")
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)  # the sampler is a logits processor
-    elif settings.do_sample:
-        kwargs.update(
-            do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or None
-        )
-    else:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if r.adapter_names is not None:
-        kwargs["adapter_names"] = [a for a in r.adapter_names for _ in range(r.num_generations)]
-    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, stop=stop, pad_id=pad_id, kwargs=kwargs)
+    if r.row_seeds is not None and r.settings.do_sample and len(r.row_seeds) != len(encoded):
+        raise ValueError(f"row_seeds has {len(r.row_seeds)} seeds for {len(encoded)} rows")
+    prompt_ids, prompt_mask = left_pad(encoded, r.tokenizer.pad_token_id)
+    adapters = None if r.adapter_names is None else [a for a in r.adapter_names for _ in range(r.num_generations)]
+    return PromptBatch(
+        prompt_ids, prompt_mask, eos_ids(r.model, r.tokenizer), r.tokenizer.pad_token_id, r.row_seeds, adapters
+    )
 
 
-def _sample(r: GenerationRequest, job: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Completion ids (B*G, T) of an encoded request and, with ``settings.logprobs``, the sampled tokens' log-probs
-    (B*G, T), on CPU; touches the model only (no tokenizer)."""
-    model, settings, kwargs = r.model, r.settings, job["kwargs"]
-    prompt_ids, prompt_mask, stop, pad_id = job["prompt_ids"], job["prompt_mask"], job["stop"], job["pad_id"]
-    device = model_device(model)
-    sampler = None
-    if settings.do_sample and r.row_seeds is not None:
-        sampler = RowSeededSampler(r.row_seeds, settings.temperature, settings.top_k, settings.top_p, device)
-    if settings.fast and supports_fast_generate(model):
-        return _fast(
-            model,
-            prompt_ids,
-            prompt_mask,
-            settings,
-            stop,
-            pad_id,
-            r.autocast_dtype,
-            kwargs.get("adapter_names"),
-            sampler,
-            device,
-        )
-    if sampler is not None:
-        kwargs = dict(kwargs, logits_processor=LogitsProcessorList([sampler]))
-    if settings.logprobs:
-        kwargs = dict(kwargs, output_logits=True, return_dict_in_generate=True)
-    was_training = model.training
-    model.train(False)
-    with torch.autocast(device.type, dtype=r.autocast_dtype or torch.bfloat16, enabled=r.autocast_dtype is not None):
-        out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), **kwargs)
-    model.train(was_training)
-    if not settings.logprobs:
-        return out[:, prompt_ids.shape[1] :].cpu(), None
-    ids = out.sequences[:, prompt_ids.shape[1] :]
-    logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw scores, before any warper
-    return ids.cpu(), token_logprobs(logits / settings.temperature, ids).cpu()
+def _sample(r: GenerationRequest, batch: PromptBatch) -> Completions:
+    """Completions of an encoded request from its engine (:func:`comlrl.engine.generation.select_engine`); touches
+    the model only (no tokenizer), so it may run in a thread."""
+    return select_engine(r.settings, r.model).sample(r.model, batch, r.settings, r.autocast_dtype)
 
 
-def _finish(r: GenerationRequest, job: dict, completion_ids: torch.Tensor, logp: torch.Tensor | None) -> Samples:
-    """Samples of a request from its completion ids (and log-probs): masked after the first stop id, padded,
-    decoded to text."""
-    stop, pad_id = job["stop"], job["pad_id"]
+def _finish(r: GenerationRequest, batch: PromptBatch, out: Completions) -> Samples:
+    """Samples of a request from its completions: masked after the first stop id, padded, decoded to text."""
+    stop, pad_id = batch.stop_ids, batch.pad_id
+    completion_ids, logp = out.ids, out.logprobs
     if completion_ids.shape[1] == 0:
-        completion_ids = torch.full((len(job["prompt_ids"]), 1), stop[0] if stop else pad_id, dtype=torch.long)
+        completion_ids = torch.full((batch.rows, 1), stop[0] if stop else pad_id, dtype=torch.long)
         logp = None if logp is None else torch.zeros(completion_ids.shape)
     mask, truncated = completion_mask(completion_ids, stop)
+    if out.truncated is not None:
+        truncated = out.truncated.bool()
     completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
     texts = r.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if logp is not None:
         logp = logp * mask
-    return Samples(job["prompt_ids"], job["prompt_mask"], completion_ids, mask, texts, truncated, logp)
-
-
-def _fast(
-    model: PreTrainedModel,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    settings: GenerationSettings,
-    stop: list[int],
-    pad_id: int,
-    dtype: torch.dtype | None,
-    adapter_names: list[str] | None,
-    sampler: RowSeededSampler | None,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Completion ids (and log-probs) from :func:`comlrl.accel.fastgen.fast_generate` (same distribution as ``generate``)."""
-    out = fast_generate(
-        model,
-        prompt_ids.to(device),
-        prompt_mask.to(device),
-        max_new_tokens=settings.max_new_tokens,
-        eos_token_ids=stop,
-        pad_token_id=pad_id,
-        do_sample=settings.do_sample,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k or 0,
-        dtype=dtype,
-        sample_fn=sampler.sample if sampler else None,
-        adapter_names=adapter_names,
-        logprobs=settings.logprobs,
-        repetition_penalty=settings.repetition_penalty,
-    )
-    ids, logp = out if settings.logprobs else (out, None)
-    return ids.cpu(), None if logp is None else logp.cpu()
+    return Samples(batch.prompt_ids, batch.prompt_mask, completion_ids, mask, texts, truncated, logp)

