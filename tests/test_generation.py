@@ -1,5 +1,5 @@
 """The rollout-engine seam (comlrl.engine.generation): both engines behind it sample alike, selection happens in one
-place, another engine slots in by name, and use_vllm fails at construction with what to do."""
+place, another engine slots in by name, and use_vllm without vLLM fails at construction with what to do."""
 
 from __future__ import annotations
 
@@ -182,12 +182,6 @@ def test_vllm_without_the_package_names_what_to_install(no_vllm):
     assert "use_vllm=False" in text
 
 
-def test_vllm_installed_is_not_implemented_yet(fake_vllm):
-    assert generation.vllm_installed()
-    with pytest.raises(NotImplementedError, match="issue 30"):
-        check_engine_available("vllm")
-
-
 def trainers():
     from comlrl import (
         CentralizedMAGRPOTrainer,
@@ -223,13 +217,6 @@ def test_use_vllm_fails_at_construction_before_any_model_loads(index, no_vllm, m
     args = config(use_vllm=True, num_generations=2, max_new_tokens=4, disable_tqdm=True, logging_steps=0)
     with pytest.raises(ConfigError, match="pip install vllm"):
         trainer(model="embedded", reward_func=lambda a, b: [0.0] * len(a), args=args, formatters=[str, str])
-
-
-def test_use_vllm_with_the_package_is_not_implemented_yet(fake_vllm):
-    from comlrl import MAGRPOTrainer
-
-    with pytest.raises(NotImplementedError, match="issue 30"):
-        MAGRPOTrainer(model=tiny_model(), tokenizer=tiny_tokenizer(), reward_func=len, args=MAGRPOConfig(use_vllm=True))
 
 
 def test_vllm_fields_have_trls_names_and_defaults_and_are_checked():

@@ -9,11 +9,12 @@ engine's completions are cut, padded and decoded alike, and no engine re-tokeniz
 Engines here (:data:`ROLLOUT_ENGINES`), both in the trainer's process on the trainer's own model:
 
 * ``"comlrl"``: comlrl's decode loop (:func:`comlrl.accel.fastgen.fast_generate`);
-* ``"transformers"``: transformers' ``generate``.
+* ``"transformers"``: transformers' ``generate``;
+* ``"vllm"``: vLLM engines kept in step with the trainer's weights (:mod:`.vllm_engine`; needs the ``vllm``
+  package, which :func:`check_engine_available` names when it is missing).
 
 :func:`select_engine` picks one for a model; ``"auto"`` (the default) is the decode loop when
-``GenerationSettings.fast`` is on and it supports the model, else ``generate``. ``"vllm"`` is a name reserved for
-vLLM rollouts (issue 30), which are not implemented yet: :func:`check_engine_available` fails for it with what to do.
+``GenerationSettings.fast`` is on and it supports the model, else ``generate``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from ..algorithms.losses import token_logprobs
 from ..errors import ConfigError
 from .models import model_device
 from .sampling import RowSeededSampler
+from .vllm_engine import VLLMEngine, VLLMOptions
 
-VLLM = "vllm"  # the engine name vLLM rollouts will register under (issue 30)
+VLLM = VLLMEngine.name
 AUTO = "auto"
 
 
@@ -51,6 +53,7 @@ class GenerationSettings:
     logprobs: bool = False  # record Samples.rollout_logprobs
     repetition_penalty: float = 1.0  # transformers' penalty on tokens already in the row (1: off)
     engine: str = AUTO  # a name of ROLLOUT_ENGINES, or "auto" (see select_engine)
+    vllm: VLLMOptions | None = None  # engine "vllm": how its engines are set up (None: VLLMOptions' defaults)
 
 
 @dataclass
@@ -213,8 +216,8 @@ class TransformersEngine:
         return kwargs
 
 
-DECODE_LOOP, TRANSFORMERS = DecodeLoopEngine(), TransformersEngine()
-ROLLOUT_ENGINES: dict[str, RolloutEngine] = {DECODE_LOOP.name: DECODE_LOOP, TRANSFORMERS.name: TRANSFORMERS}
+DECODE_LOOP, TRANSFORMERS, VLLM_ENGINE = DecodeLoopEngine(), TransformersEngine(), VLLMEngine()
+ROLLOUT_ENGINES: dict[str, RolloutEngine] = {e.name: e for e in (DECODE_LOOP, TRANSFORMERS, VLLM_ENGINE)}
 
 
 def register_engine(engine: RolloutEngine) -> None:
@@ -258,23 +261,15 @@ def vllm_installed() -> bool:
 
 
 def check_engine_available(name: str) -> None:
-    """Fail unless rollouts can run on the engine ``name`` in this process, saying what to do instead.
-
-    ``"vllm"``: a :class:`~comlrl.errors.ConfigError` naming what to install when the package is missing; with it
-    installed, ``NotImplementedError`` until the vLLM engine registers itself (issue 30).
-    """
+    """Fail unless rollouts can run on the engine ``name`` in this process, saying what to do instead: for
+    ``"vllm"`` without the ``vllm`` package, a :class:`~comlrl.errors.ConfigError` naming what to install."""
+    if name == VLLM and not vllm_installed():
+        raise ConfigError(
+            f"use_vllm=True rolls out with vLLM, but the `vllm` package is not installed. {VLLM_INSTALL} "
+            "Or set use_vllm=False: rollouts then use comlrl's decode loop."
+        )
     if name == AUTO or name in ROLLOUT_ENGINES:
         return
-    if name == VLLM:
-        if not vllm_installed():
-            raise ConfigError(
-                f"use_vllm=True rolls out with vLLM, but the `vllm` package is not installed. {VLLM_INSTALL} "
-                "Or set use_vllm=False: rollouts then use comlrl's decode loop."
-            )
-        raise NotImplementedError(
-            "use_vllm=True: vLLM is installed, but comlrl's vLLM rollout engine is not implemented yet (issue 30, "
-            "'vLLM rollouts for every trainer'); set use_vllm=False to roll out with comlrl's decode loop."
-        )
     close = difflib.get_close_matches(name, engine_names(), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown rollout engine {name!r}: one of {engine_names()} or {VLLM!r}.{hint}")
+    raise ValueError(f"unknown rollout engine {name!r}: one of {engine_names()}.{hint}")

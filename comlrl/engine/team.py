@@ -64,13 +64,18 @@ def build_lora_team(
     return out
 
 
+def adapter_weights(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
+    """The weights of LoRA adapter ``name`` (its factors), as they are."""
+    marker = f".{name}."
+    return [p for n, p in model.named_parameters() if marker in n]
+
+
 def adapter_parameters(model: torch.nn.Module, name: str | None) -> list[torch.nn.Parameter]:
     """Trainable parameters of one agent: its adapter's weights (kept in fp32 whatever the base's dtype), or every
     parameter when there is no adapter."""
     if name is None:
         return [p for p in model.parameters() if p.requires_grad]
-    marker = f".{name}."
-    params = [p for n, p in model.named_parameters() if marker in n]
+    params = adapter_weights(model, name)
     for p in params:
         if p.is_floating_point() and p.dtype != torch.float32:
             p.data = p.data.float()

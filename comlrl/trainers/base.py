@@ -33,6 +33,7 @@ from ..engine.process import (
 )
 from ..engine.sampling import derive_seed
 from ..engine.team import adapter_parameters, build_lora_team
+from ..engine.vllm_engine import VLLMOptions
 from ..errors import ConfigError
 from ..tracking import Tracker
 from .episode import Episode, check_transition, episode_advantages, generate_team, root_nodes, run_episode
@@ -274,7 +275,30 @@ class MultiAgentTrainer(PolicyUpdate):
             logprobs=self.corrects_rollout if train else False,
             repetition_penalty=a.repetition_penalty,
             engine=self.rollout_engine,
+            vllm=self.vllm_options if a.use_vllm else None,
         )
+
+    @property
+    def vllm_options(self) -> VLLMOptions:
+        """How this run's vLLM engines are set up (the ``vllm_*`` fields)."""
+        a = self.args
+        return VLLMOptions(
+            a.vllm_mode,
+            a.vllm_gpu_memory_utilization,
+            a.vllm_tensor_parallel_size,
+            a.vllm_enable_sleep_mode,
+            a.vllm_max_model_length,
+            a.vllm_server_host,
+            a.vllm_server_port,
+            a.vllm_server_timeout,
+            a.seed,
+        )
+
+    @property
+    def rollout_is_cap(self) -> float:
+        """Upper bound of the per-token importance weight: ``vllm_importance_sampling_cap`` with vLLM rollouts,
+        else ``rollout_is_cap``."""
+        return self.args.vllm_importance_sampling_cap if self.args.use_vllm else self.args.rollout_is_cap
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -292,8 +316,11 @@ class MultiAgentTrainer(PolicyUpdate):
 
     @property
     def corrects_rollout(self) -> bool:
-        """Whether the loss reweights tokens by p_train / p_rollout (``rollout_correction``): only when the rollout
-        computes in another dtype than the training forward (None: the model's own)."""
+        """Whether the loss reweights tokens by p_train / p_rollout: with vLLM rollouts when
+        ``vllm_importance_sampling_correction`` is on (another engine's kernels), else (``rollout_correction``) only
+        when the rollout computes in another dtype than the training forward (None: the model's own)."""
+        if self.args.use_vllm:
+            return self.args.vllm_importance_sampling_correction
         roll, train = self.rollout_dtype, self.autocast_dtype
         own = {next(a.model.parameters()).dtype for a in self.agents}
         return self.args.rollout_correction is not None and any((roll or d) != (train or d) for d in own)

@@ -171,11 +171,18 @@ def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> t
         weight_decay=args.weight_decay,
         fused=_fused_ok(params) or None,
     )
+    opt.register_step_post_hook(count_parameter_writes)
     warmup = args.warmup_steps or int(math.ceil(args.warmup_ratio * total_updates))
     sched = get_scheduler(
         args.lr_scheduler_type, opt, num_warmup_steps=warmup, num_training_steps=max(total_updates, 1)
     )
     return opt, sched
+
+
+def count_parameter_writes(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    """Raise the in-place version counter of every parameter a step updated: the fused kernels write parameters
+    without raising it, and the vLLM engine tells which weights to push again by it."""
+    torch.autograd.graph.increment_version([p for group in optimizer.param_groups for p in group["params"]])
 
 
 def _fused_ok(params: list) -> bool:

@@ -40,6 +40,7 @@ class PolicyUpdate:
     dist: Any  # comlrl.distributed placement under torchrun, else None
     device: torch.device
     corrects_rollout: bool  # whether the loss reweights tokens by p_train / p_rollout
+    rollout_is_cap: float  # the importance weight's upper bound
 
     def autocast(self) -> torch.autocast:
         """The training forward's autocast context (the trainer's)."""
@@ -233,7 +234,7 @@ class PolicyUpdate:
             ref,
             self.args.beta,
             rollout_logp,
-            self.args.rollout_is_cap,
+            self.rollout_is_cap,
             self.args.epsilon_high,
         )
         for k, v in m.items():

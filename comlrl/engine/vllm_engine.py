@@ -1,0 +1,356 @@
+"""vLLM rollouts in the trainer's process (``use_vllm=True``, ``vllm_mode="colocate"``).
+
+One vLLM engine per distinct base model: a LoRA team on one shared base is one engine with ``enable_lora``, each
+row generating through its agent's adapter; a fully fine-tuned agent, or each model of a heterogeneous team, has an
+engine of its own. An engine starts from the model's config with placeholder weights and takes the trainer's
+weights from memory, so it never reads a checkpoint and always samples the policy being trained: before every
+rollout, the parameters an optimizer step changed (torch's in-place version counters tell which) are pushed again:
+a full model's weights through vLLM's ``load_weights``, a LoRA adapter as a new adapter version loaded at runtime
+from a temporary folder outside the run directory.
+
+Prompts go in as token ids and completion ids come back as vLLM sampled them, with each token's log-prob under
+the distribution it was drawn from (temperature, top-k and top-p applied: vLLM's ``processed_logprobs``), which
+the loss's truncated importance weight compares with the training forward's.
+
+``vllm`` is imported on first use only: importing it takes seconds and changes process-wide state, which
+:func:`vllm_process_guard` puts back (torch's thread count and ``set_num_threads``, the global RNGs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..errors import ConfigError
+from .team import adapter_weights
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted max_lora_rank values
+
+
+@dataclass
+class VLLMOptions:
+    """How the vLLM engines of a run are set up (the trainer config's ``vllm_*`` fields, TRL's names)."""
+
+    mode: str = "colocate"
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    enable_sleep_mode: bool = False
+    max_model_length: int | None = None
+    server_host: str = "0.0.0.0"
+    server_port: int = 8000
+    server_timeout: float = 240.0
+    seed: int = 0
+
+
+def peft_adapters(model: Any) -> list[str]:
+    """The LoRA adapter names of a PEFT model; [] for a plain model."""
+    config = getattr(model, "peft_config", None)
+    return list(config) if isinstance(config, dict) else []
+
+
+def base_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of a model's weights under the names of its Hugging Face checkpoint: a PEFT model's base
+    weights without its LoRA factors (what vLLM's ``load_weights`` reads)."""
+    peft = bool(peft_adapters(model))
+    for name, param in model.named_parameters():
+        if peft:
+            if "lora_" in name or ".modules_to_save." in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            name = name.replace(".original_module.", ".")
+        yield name, param.detach()
+
+
+def weight_versions(params: list[torch.Tensor]) -> tuple[int, ...]:
+    """torch's in-place version counter of each tensor: an optimizer step (or any in-place write) raises it."""
+    return tuple(p._version for p in params)
+
+
+@contextlib.contextmanager
+def vllm_process_guard() -> Iterator[None]:
+    """Run vLLM code in this process and then put back what it changes process-wide: torch's intra-op thread
+    count and ``torch.set_num_threads`` (vLLM's CPU worker replaces it with a no-op), and the Python, NumPy and
+    torch RNG states (its worker reseeds them). Its engine core stays in this process (no spawned workers)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    py_state, torch_state = random.getstate(), torch.random.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    np_state = _numpy_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        random.setstate(py_state)
+        torch.random.set_rng_state(torch_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+        if np_state is not None:
+            import numpy as np
+
+            np.random.set_state(np_state)
+
+
+def _numpy_state() -> Any:
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        return None
+    return np.random.get_state()
+
+
+def lora_rank(model: Any) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds every adapter of ``model``."""
+    largest = max(int(getattr(model.peft_config[a], "r", 8)) for a in peft_adapters(model))
+    for rank in LORA_RANKS:
+        if rank >= largest:
+            return rank
+    raise ConfigError(f"LoRA rank {largest} is above vLLM's largest max_lora_rank ({LORA_RANKS[-1]})")
+
+
+def kv_cache_bytes(config: Any, max_len: int, dtype: torch.dtype, sequences: int = 64) -> int:
+    """Bytes of KV cache for ``sequences`` sequences of ``max_len`` tokens (CPU engines: vLLM's default reserves
+    a fraction of all host memory); ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, wins."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * 2**30)
+    text = getattr(config, "text_config", None) or config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    per_token = 2 * text.num_hidden_layers * heads * head_dim * torch.finfo(dtype).bits // 8
+    return int(min(max(per_token * max_len * sequences, 2**28), 4 * 2**30))
+
+
+class ColocatedEngine:
+    """One vLLM engine on one base model in this process, kept in step with the trainer's weights."""
+
+    def __init__(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> None:
+        from vllm import LLM
+
+        self.adapters = peft_adapters(model)
+        self.folder = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=_temp_root()))
+        config = model.config
+        config.save_pretrained(self.folder)  # vLLM reads the architecture from it; the weights come from memory
+        self.max_len = options.max_model_length or getattr(config, "max_position_embeddings", None) or 2048
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        kwargs: dict[str, Any] = dict(
+            model=str(self.folder),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype=str(dtype).removeprefix("torch."),
+            max_model_len=self.max_len,
+            seed=options.seed,
+            tensor_parallel_size=options.tensor_parallel_size,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            enable_sleep_mode=options.enable_sleep_mode and on_gpu,
+        )
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        else:
+            kwargs.update(enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes(config, self.max_len, dtype))
+        if self.adapters:
+            n = len(self.adapters)
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank(model), max_loras=n, max_cpu_loras=n)
+        with vllm_process_guard():
+            self.llm = LLM(**kwargs)
+        self.sleeping = False
+        self.sleep_between_rollouts = bool(kwargs["enable_sleep_mode"])
+        self.lora_ids = itertools.count(1)
+        self.lora_requests: dict[str, Any] = {}  # adapter name -> the LoRARequest of its latest pushed version
+        self.synced: dict[str, tuple[int, ...]] = {}  # what was last pushed: adapter name (or "") -> versions
+        self._push_full(model)
+
+    # ---------------------------------------------------------------- weights
+    def sync(self, model: PreTrainedModel) -> None:
+        """Push whatever changed since the last push: each LoRA adapter whose factors an optimizer step wrote, or
+        a full model's weights."""
+        if not self.adapters:
+            if weight_versions([p for _, p in base_weights(model)]) != self.synced[""]:
+                self._push_full(model)
+            return
+        for name in self.adapters:
+            params = adapter_weights(model, name)
+            if weight_versions(params) != self.synced.get(name):
+                self._push_adapter(model, name, params)
+
+    def _push_full(self, model: PreTrainedModel) -> None:
+        weights = list(base_weights(model))
+        with vllm_process_guard():
+            # in place, through vLLM's reload path: it re-runs the weight processing (e.g. CPU kernels' repacking)
+            # that a bare load_weights after start-up would skip
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+            )
+            self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self.synced[""] = weight_versions([w for _, w in weights])
+
+    def _push_adapter(self, model: Any, name: str, params: list[torch.Tensor]) -> None:
+        from peft.utils import get_peft_model_state_dict
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self.lora_ids)
+        folder = self.folder / f"{name}-v{lora_id}"
+        folder.mkdir()
+        state = get_peft_model_state_dict(model, adapter_name=name)
+        save_file(
+            {k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors")
+        )
+        model.peft_config[name].save_pretrained(str(folder))
+        old = self.lora_requests.get(name)
+        self.lora_requests[name] = LoRARequest(f"{name}-v{lora_id}", lora_id, str(folder))
+        if old is not None:  # a new id: vLLM loads it on first use; the old one is evicted and its files dropped
+            with vllm_process_guard():
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.synced[name] = weight_versions(params)
+
+    # ---------------------------------------------------------------- sampling
+    def generate(self, prompts: list[list[int]], params: list[Any], adapters: list[str] | None) -> list[Any]:
+        """vLLM's outputs for token-id prompts, one sampling-parameter set per prompt, through the named adapters."""
+        from vllm.inputs import TokensPrompt
+
+        requests = None
+        if self.adapters:
+            names = adapters or [self.adapters[0]] * len(prompts)
+            requests = [self.lora_requests[n] for n in names]
+        with vllm_process_guard():
+            if self.sleeping:
+                self.llm.wake_up()
+                self.sleeping = False
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=requests, use_tqdm=False
+            )
+            if self.sleep_between_rollouts:
+                self.llm.sleep(level=1)  # weights to host memory, KV cache dropped, until the next rollout
+                self.sleeping = True
+        return outputs
+
+    def close(self) -> None:
+        """Stop the engine and delete its temporary folder."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            stop_in_process(llm)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def stop_in_process(llm: Any) -> None:
+    """Stop an in-process vLLM engine's executor and scheduler, and keep vLLM's own shutdown from running when it
+    is garbage-collected: that one also tears down the process's distributed state (vLLM's parallel groups and
+    torch.distributed's default group), which this process's other engines and torchrun's group still use."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    finalizer, core = getattr(client, "_finalizer", None), getattr(client, "engine_core", None)
+    if finalizer is None or core is None:  # not an in-process engine: its own shutdown is the right one
+        return
+    finalizer.detach()
+    with contextlib.suppress(Exception):
+        core.model_executor.shutdown()
+        core.scheduler.shutdown()
+
+
+def _temp_root() -> str | None:
+    """Where adapter versions are written: memory-backed /dev/shm where it exists."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+class VLLMEngine:
+    """The ``"vllm"`` rollout engine: samples a model's rows on its colocated vLLM engine, started on first use
+    and stopped when the model is garbage-collected (or by :meth:`close`)."""
+
+    name = "vllm"
+    runs_in_threads = False  # one vLLM call per model, one after another: the engine batches rows itself
+
+    def __init__(self) -> None:
+        self.engines: weakref.WeakKeyDictionary[torch.nn.Module, ColocatedEngine] = weakref.WeakKeyDictionary()
+
+    def supports(self, model: PreTrainedModel) -> bool:
+        return getattr(model, "config", None) is not None
+
+    def engine_for(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> ColocatedEngine:
+        """The engine of ``model``, started on first use."""
+        engine = self.engines.get(model)
+        if engine is None:
+            if options.mode != "colocate":
+                raise ConfigError(f"vllm_mode={options.mode!r}: this engine runs colocated engines only")
+            engine = ColocatedEngine(model, options, dtype)
+            self.engines[model] = engine
+            weakref.finalize(model, engine.close)
+        return engine
+
+    def sample(
+        self,
+        model: PreTrainedModel,
+        batch: Any,
+        settings: Any,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> Any:
+        from .generation import Completions
+
+        options = settings.vllm or VLLMOptions()
+        dtype = autocast_dtype or next(model.parameters()).dtype
+        engine = self.engine_for(model, options, dtype)
+        engine.sync(model)
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(batch.prompt_ids, batch.prompt_mask)]
+        longest = max(len(p) for p in prompts) + settings.max_new_tokens
+        if longest > engine.max_len:
+            raise ConfigError(
+                f"vllm_max_model_length={engine.max_len} is below the longest prompt plus max_new_tokens "
+                f"({longest} tokens); raise vllm_max_model_length or lower max_prompt_length / max_new_tokens."
+            )
+        params = sampling_params(settings, batch)
+        outputs = engine.generate(prompts, params, batch.adapter_names)
+        return completions_from(outputs, batch.pad_id, settings.logprobs, Completions)
+
+    def close(self) -> None:
+        """Stop every engine this process started."""
+        for engine in list(self.engines.values()):
+            engine.close()
+        self.engines.clear()
+
+
+def sampling_params(settings: Any, batch: Any) -> list[Any]:
+    """One vLLM ``SamplingParams`` per row: the rollout's settings, the row's seed, the batch's stop ids."""
+    from vllm import SamplingParams
+
+    common: dict[str, Any] = dict(
+        max_tokens=settings.max_new_tokens,
+        stop_token_ids=list(batch.stop_ids),
+        repetition_penalty=settings.repetition_penalty,
+        detokenize=False,
+        logprobs=0 if settings.logprobs else None,
+    )
+    if settings.do_sample:
+        common.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or 0)
+    else:
+        common.update(temperature=0.0)
+    seeds = batch.row_seeds if settings.do_sample and batch.row_seeds is not None else [None] * batch.rows
+    return [SamplingParams(seed=None if s is None else int(s) % 2**63, **common) for s in seeds]
+
+
+def completions_from(outputs: list[Any], pad_id: int, logprobs: bool, completions_cls: type) -> Any:
+    """Right-padded ids (and each sampled token's log-prob) of vLLM's outputs, with which rows hit the length."""
+    rows = [o.outputs[0] for o in outputs]
+    width = max((len(r.token_ids) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    logp = torch.zeros((len(rows), width)) if logprobs else None
+    for i, row in enumerate(rows):
+        tokens = list(row.token_ids)
+        ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if logp is not None:
+            picked = [step[token].logprob for step, token in zip(row.logprobs, tokens)]
+            logp[i, : len(picked)] = torch.tensor(picked, dtype=torch.float32)
+    truncated = torch.tensor([r.finish_reason == "length" for r in rows], dtype=torch.bool)
+    return completions_cls(ids, logp, truncated)

@@ -1,0 +1,281 @@
+"""vLLM rollouts (use_vllm=True) on vLLM's CPU build: the engine samples as comlrl's decode loop does (greedy tokens,
+per-row seeds, log-probs), follows the trainer's weights after every optimizer step (LoRA adapters and full
+weights), and every trainer runs on it. The models are tiny Llamas with a head size vLLM's CPU attention supports
+(32); vLLM engines start in a few seconds each, so tests share models where they can."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from peft import LoraConfig
+from tiny import tiny_model, tiny_tokenizer
+
+from comlrl import (
+    CentralizedMAGRPOTrainer,
+    IACConfig,
+    IACTrainer,
+    MAACConfig,
+    MAACTrainer,
+    MADPOConfig,
+    MADPOTrainer,
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MARLHFConfig,
+    MARLHFTrainer,
+)
+from comlrl.algorithms.losses import policy_loss
+from comlrl.engine.generation import (
+    DECODE_LOOP,
+    TRANSFORMERS,
+    VLLM_ENGINE,
+    GenerationSettings,
+    PromptBatch,
+    vllm_installed,
+)
+from comlrl.engine.logprobs import completion_logprobs
+from comlrl.engine.rollout import left_pad
+from comlrl.engine.team import build_lora_team
+
+pytestmark = pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (scripts/setup.sh installs it)")
+
+ROWS = [{"prompt": f"Task {i}: say something."} for i in range(6)]
+LORA = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], lora_dropout=0.0)
+PROMPTS = ["hello world", "abc", "the quick brown fox", "x"]
+
+
+def vllm_model(seed: int = 0) -> torch.nn.Module:
+    """A tiny Llama whose head size (128 / 4 = 32) vLLM's CPU attention runs."""
+    return tiny_model(seed, hidden=128).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return vllm_model()
+
+
+@pytest.fixture(scope="module")
+def team():
+    """A LoRA team of two on one base, its adapters' B factors random (a fresh adapter changes nothing)."""
+    base = vllm_model(1)
+    peft = build_lora_team([base, base], [0, 0], LORA, seeds=[1, 2])[0][0]
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    return peft.eval()
+
+
+def batch(prompts=PROMPTS, **kw) -> PromptBatch:
+    tok = tiny_tokenizer()
+    ids, mask = left_pad([tok(p)["input_ids"] for p in prompts], tok.pad_token_id)
+    return PromptBatch(ids, mask, [tok.eos_token_id], tok.pad_token_id, **kw)
+
+
+GREEDY = GenerationSettings(max_new_tokens=12, do_sample=False, engine="vllm")
+
+
+def test_greedy_tokens_equal_the_decode_loops(model):
+    b = batch()
+    ours, theirs = DECODE_LOOP.sample(model, b, GREEDY), VLLM_ENGINE.sample(model, b, GREEDY)
+    assert torch.equal(ours.ids, theirs.ids)
+    assert theirs.truncated.tolist() == [True] * 4  # 12 tokens, no stop id drawn
+
+
+def test_a_stop_id_ends_the_row_and_is_kept(model):
+    b = batch()
+    first = DECODE_LOOP.sample(model, b, GREEDY).ids
+    stop = int(first[0, 3])  # the 4th greedy token of row 0 becomes a stop id
+    end = first[0].tolist().index(stop) + 1  # the row ends at its first occurrence, which is kept
+    b.stop_ids = [stop]
+    out = VLLM_ENGINE.sample(model, b, GREEDY)
+    assert out.ids[0, :end].tolist() == first[0, :end].tolist() and not out.truncated[0]
+    assert (out.ids[0, end:] == b.pad_id).all()
+
+
+def sampled(**kw) -> GenerationSettings:
+    return GenerationSettings(max_new_tokens=10, do_sample=True, temperature=0.7, engine="vllm", **kw)
+
+
+def test_row_seeds_reproduce_and_do_not_depend_on_the_batch(model):
+    seeds = [11, 12, 13, 14]
+    one = VLLM_ENGINE.sample(model, batch(row_seeds=seeds), sampled()).ids
+    two = VLLM_ENGINE.sample(model, batch(row_seeds=seeds), sampled()).ids
+    assert torch.equal(one, two)
+    alone = VLLM_ENGINE.sample(model, batch(PROMPTS[2:3], row_seeds=seeds[2:3]), sampled()).ids
+    assert alone[0].tolist() == one[2, : alone.shape[1]].tolist()
+    other = VLLM_ENGINE.sample(model, batch(row_seeds=[s + 100 for s in seeds]), sampled()).ids
+    assert not torch.equal(one, other)
+
+
+def test_global_rng_and_thread_count_are_left_alone(model):
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    threads = torch.get_num_threads()
+    VLLM_ENGINE.sample(model, batch(row_seeds=[1, 2, 3, 4]), sampled())
+    assert torch.equal(torch.rand(3), expected)
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1  # set_num_threads works again (vLLM's CPU worker disables it)
+    torch.set_num_threads(threads)
+
+
+def test_sampling_logprobs_are_the_trainers_at_the_temperature(model):
+    b = batch(row_seeds=[1, 2, 3, 4])
+    out = VLLM_ENGINE.sample(model, b, sampled(logprobs=True))
+    mask = (out.ids != -1).long()
+    with torch.no_grad():
+        trainer = completion_logprobs(model, b.prompt_ids, b.prompt_mask, out.ids, mask, temperature=0.7)
+    assert out.logprobs.shape == out.ids.shape
+    assert torch.allclose(out.logprobs, trainer, atol=2e-4), (out.logprobs - trainer).abs().max()
+
+
+def test_importance_weight_is_truncated_at_the_vllm_cap():
+    """TRL's token_truncate: each token's policy term times min(p_train / p_vllm, cap), by hand for cap 3."""
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.05, 0.9]]))  # ratios 2, 4 (capped to 3), 1
+    weights = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding
+    loss, metrics = policy_loss(logp, logp.detach(), torch.tensor([2.0]), weights, rollout_logp=rollout, is_cap=3.0)
+    assert loss.item() == pytest.approx(-2.0 * (2.0 + 3.0))  # -A * ratio(=1) * w_is, summed over real tokens
+    assert metrics["rollout_is_weight"].item() == pytest.approx(5.0)
+    assert metrics["rollout_is_capped"].item() == pytest.approx(1.0)
+    kl = math.log(0.25 / 0.5) + math.log(0.05 / 0.2)
+    assert metrics["rollout_kl"].item() == pytest.approx(kl, rel=1e-5)
+
+
+def test_lora_team_rows_go_through_their_own_adapters_and_follow_updates(team):
+    b = batch(["hello world", "abc"] * 2, adapter_names=["agent_0"] * 2 + ["agent_1"] * 2)
+    assert torch.equal(VLLM_ENGINE.sample(team, b, GREEDY).ids, TRANSFORMERS.sample(team, b, GREEDY).ids)
+    before = VLLM_ENGINE.sample(team, b, GREEDY).ids
+    with torch.no_grad():  # an in-place write, as an optimizer step makes, to agent 1's adapter only
+        for name, p in team.named_parameters():
+            if "lora_B" in name and ".agent_1." in name:
+                p.add_(torch.randn_like(p))
+    after = VLLM_ENGINE.sample(team, b, GREEDY).ids
+    assert torch.equal(after, TRANSFORMERS.sample(team, b, GREEDY).ids)
+    assert torch.equal(after[:2], before[:2]) and not torch.equal(after[2:], before[2:])
+    engine = VLLM_ENGINE.engines[team]
+    assert len(engine.adapters) == 2 and len(list(engine.folder.iterdir())) == 3  # config + one version each
+
+
+def cfg(config=MAGRPOConfig, **kw):
+    base = dict(
+        use_vllm=True,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=6,
+        max_steps=2,
+        learning_rate=5e-2,
+        logging_steps=0,
+        disable_tqdm=True,
+        seed=3,
+    )
+    base.update(kw)
+    return config(**base)
+
+
+def length_reward(a, b):
+    return [float(len(b[0]) - len(a[0]))]
+
+
+def greedy_equal_after_training(trainer) -> None:
+    """The engine's greedy tokens equal the trained model's own (transformers' generate), agent by agent."""
+    for agent in trainer.agents:
+        names = None if agent.adapter is None else [agent.adapter] * 2
+        b = batch(PROMPTS[:2], adapter_names=names)
+        assert torch.equal(
+            VLLM_ENGINE.sample(agent.model, b, GREEDY).ids, TRANSFORMERS.sample(agent.model, b, GREEDY).ids
+        )
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora-team", "full"])
+def test_magrpo_trains_on_vllm_rollouts_and_the_engine_follows_each_step(lora):
+    t = MAGRPOTrainer(
+        model=vllm_model(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(),
+        peft_config=LORA if lora else None,
+    )
+    before = [[p.detach().clone() for p in a.params] for a in t.agents]
+    history = t.train()["history"]
+    assert len(history) == 2
+    assert all("rollout_kl" in h or any(k.endswith("rollout_kl") for k in h) for h in history), history[0].keys()
+    for a, old in zip(t.agents, before):
+        assert any(not torch.equal(p, q) for p, q in zip(a.params, old)), f"agent {a.index} did not move"
+    engines = {id(VLLM_ENGINE.engines[a.model]) for a in t.agents}
+    assert len(engines) == (1 if lora else 2)  # a LoRA team on one base shares one engine
+    greedy_equal_after_training(t)
+
+
+def tiny_kwargs(**kw):
+    return dict(
+        model=vllm_model(), num_agents=2, tokenizer=tiny_tokenizer(), train_dataset=ROWS, eval_dataset=ROWS[:2], **kw
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MAGRPOTrainer(
+            **tiny_kwargs(reward_func=lambda a, b: [float(len(a[0]) + len(b[0]))] * 1, peft_config=LORA),
+            args=cfg(joint_mode="cross", max_steps=1),
+        ),
+        lambda: MAGRPOTrainer(
+            **tiny_kwargs(reward_func=length_reward, peft_config=LORA),
+            external_transition=lambda agent_completions: [f"Revise: {c}" for c in agent_completions],
+            args=cfg(num_turns=2, max_steps=1),
+        ),
+        lambda: IACTrainer(**tiny_kwargs(reward_func=length_reward, peft_config=LORA), args=cfg(IACConfig)),
+        lambda: MAACTrainer(**tiny_kwargs(reward_func=length_reward, peft_config=LORA), args=cfg(MAACConfig)),
+        lambda: CentralizedMAGRPOTrainer(**tiny_kwargs(reward_func=length_reward), args=cfg()),
+    ],
+    ids=["magrpo-cross", "magrpo-multi-turn", "iac", "maac", "centralized"],
+)
+def test_every_rl_trainer_runs_two_steps_on_vllm(make):
+    t = make()
+    history = t.train()["history"]
+    assert history and all(math.isfinite(h["loss"]) for h in history if "loss" in h)
+    assert VLLM_ENGINE.engines.get(t.agents[0].model) is not None  # the rollouts went through vLLM
+    evaluation = t.evaluate()
+    assert any(k.startswith("eval") for k in evaluation), evaluation
+
+
+def test_madpo_candidate_rounds_on_vllm(tmp_path):
+    t = MADPOTrainer(
+        **tiny_kwargs(reward_func=length_reward, peft_config=LORA),
+        args=cfg(
+            MADPOConfig,
+            max_steps=-1,
+            output_dir=str(tmp_path / "run"),
+            num_generations=3,
+            num_rounds=1,
+            steps_per_round=2,
+            prompts_per_round=4,
+            per_device_train_batch_size=3,
+        ),
+    )
+    assert len(t.train()["history"]) == 2
+    greedy_equal_after_training(t)
+
+
+def test_marlhf_on_vllm(tmp_path):
+    t = MARLHFTrainer(
+        **tiny_kwargs(reward_func=length_reward),
+        args=cfg(
+            MARLHFConfig,
+            output_dir=str(tmp_path / "run"),
+            preference_prompts=4,
+            candidates_per_prompt=3,
+            reward_model_training="full",
+            reward_model_epochs=1,
+            reward_model_batch_size=4,
+            reward_model_eval_fraction=0.25,
+            rl_args={"advantage_mode": "none"},
+        ),
+    )
+    out = t.train()
+    assert out["history"]
