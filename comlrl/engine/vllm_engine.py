@@ -132,14 +132,96 @@ def kv_cache_bytes(config: Any, max_len: int, dtype: torch.dtype, sequences: int
     return int(min(max(per_token * max_len * sequences, 2**28), 4 * 2**30))
 
 
-class ColocatedEngine:
+@dataclass
+class AdapterVersion:
+    """One pushed version of a LoRA adapter: the name and id vLLM knows it by, and the folder it loads from."""
+
+    name: str
+    lora_id: int
+    path: Path
+
+
+SampledRow = tuple[list[int], list[float] | None, bool]  # token ids, their log-probs (when asked), hit the length
+
+
+class SyncedEngine:
+    """What every vLLM engine of comlrl shares: it knows which of the trainer's weights it holds and pushes what an
+    optimizer step changed before the next rollout (:meth:`sync`): a full model's weights (:meth:`push_weights`),
+    or each LoRA adapter as a new version written to a temporary folder outside the run directory
+    (:meth:`load_adapter`; the previous version is dropped with :meth:`drop_adapter`)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.adapters = peft_adapters(model)
+        self.folder = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=_temp_root()))
+        self.lora_ids = itertools.count(1)
+        self.versions: dict[str, AdapterVersion] = {}  # adapter name -> its latest pushed version
+        self.synced: dict[str, tuple[int, ...]] = {}  # what was last pushed: adapter name (or "") -> versions
+        self.max_len: int | None = None  # the engine's context window in tokens, when known
+
+    def sync(self, model: PreTrainedModel) -> None:
+        """Push whatever changed since the last push: each LoRA adapter whose factors an optimizer step wrote, or
+        a full model's weights."""
+        if not self.adapters:
+            weights = list(base_weights(model))
+            if weight_versions([w for _, w in weights]) != self.synced.get(""):
+                self.push_weights(weights)
+                self.synced[""] = weight_versions([w for _, w in weights])
+            return
+        for name in self.adapters:
+            params = adapter_weights(model, name)
+            if weight_versions(params) == self.synced.get(name):
+                continue
+            lora_id = next(self.lora_ids)
+            version = AdapterVersion(f"{name}-v{lora_id}", lora_id, self.folder / f"{name}-v{lora_id}")
+            write_adapter(model, name, version.path)
+            self.load_adapter(version)
+            old, self.versions[name] = self.versions.get(name), version
+            if old is not None:
+                self.drop_adapter(old)
+                shutil.rmtree(old.path, ignore_errors=True)
+            self.synced[name] = weight_versions(params)
+
+    def push_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights by ``weights`` (checkpoint names)."""
+        raise NotImplementedError
+
+    def load_adapter(self, version: AdapterVersion) -> None:
+        """Make ``version`` available to requests (before the first one that names it)."""
+
+    def drop_adapter(self, version: AdapterVersion) -> None:
+        """Forget a superseded adapter version."""
+
+    def adapter_of_rows(self, rows: int, adapters: list[str] | None) -> list[AdapterVersion] | None:
+        """The adapter version each row generates through; None for a model without adapters."""
+        if not self.adapters:
+            return None
+        names = adapters or [self.adapters[0]] * rows
+        return [self.versions[n] for n in names]
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def write_adapter(model: Any, name: str, folder: Path) -> None:
+    """Adapter ``name`` of a PEFT model as a PEFT checkpoint folder (weights and adapter_config.json)."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    state = get_peft_model_state_dict(model, adapter_name=name)
+    save_file(
+        {k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors")
+    )
+    model.peft_config[name].save_pretrained(str(folder))
+
+
+class ColocatedEngine(SyncedEngine):
     """One vLLM engine on one base model in this process, kept in step with the trainer's weights."""
 
     def __init__(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> None:
         from vllm import LLM
 
-        self.adapters = peft_adapters(model)
-        self.folder = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=_temp_root()))
+        super().__init__(model)
         config = model.config
         config.save_pretrained(self.folder)  # vLLM reads the architecture from it; the weights come from memory
         self.max_len = options.max_model_length or getattr(config, "max_position_embeddings", None) or 2048
@@ -167,26 +249,23 @@ class ColocatedEngine:
             self.llm = LLM(**kwargs)
         self.sleeping = False
         self.sleep_between_rollouts = bool(kwargs["enable_sleep_mode"])
-        self.lora_ids = itertools.count(1)
-        self.lora_requests: dict[str, Any] = {}  # adapter name -> the LoRARequest of its latest pushed version
-        self.synced: dict[str, tuple[int, ...]] = {}  # what was last pushed: adapter name (or "") -> versions
-        self._push_full(model)
-
-    # ---------------------------------------------------------------- weights
-    def sync(self, model: PreTrainedModel) -> None:
-        """Push whatever changed since the last push: each LoRA adapter whose factors an optimizer step wrote, or
-        a full model's weights."""
+        weights = list(base_weights(model))  # a LoRA team's base once; a full model's again whenever it changes
+        self.push_weights(weights)
         if not self.adapters:
-            if weight_versions([p for _, p in base_weights(model)]) != self.synced[""]:
-                self._push_full(model)
-            return
-        for name in self.adapters:
-            params = adapter_weights(model, name)
-            if weight_versions(params) != self.synced.get(name):
-                self._push_adapter(model, name, params)
+            self.synced[""] = weight_versions([w for _, w in weights])
 
-    def _push_full(self, model: PreTrainedModel) -> None:
-        weights = list(base_weights(model))
+    def sync(self, model: PreTrainedModel) -> None:
+        self.wake()  # weights reach a sleeping engine's offloaded copy otherwise, and are lost when it wakes
+        super().sync(model)
+
+    def wake(self) -> None:
+        """Bring a sleeping engine's weights and KV cache back (vllm_enable_sleep_mode, GPU)."""
+        if self.sleeping:
+            with vllm_process_guard():
+                self.llm.wake_up()
+            self.sleeping = False
+
+    def push_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         with vllm_process_guard():
             # in place, through vLLM's reload path: it re-runs the weight processing (e.g. CPU kernels' repacking)
             # that a bare load_weights after start-up would skip
@@ -194,56 +273,44 @@ class ColocatedEngine:
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
             )
             self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
-        self.synced[""] = weight_versions([w for _, w in weights])
 
-    def _push_adapter(self, model: Any, name: str, params: list[torch.Tensor]) -> None:
-        from peft.utils import get_peft_model_state_dict
-        from safetensors.torch import save_file
+    def drop_adapter(self, version: AdapterVersion) -> None:
+        # the new version has a new id, which vLLM loads on first use; the old one would only take a slot
+        with vllm_process_guard():
+            self.llm.llm_engine.remove_lora(version.lora_id)
+
+    def generate(self, prompts: list[list[int]], settings: Any, batch: Any) -> list[SampledRow]:
+        """Each row's completion of token-id prompts, sampled as ``settings`` say, through the rows' adapters."""
+        from vllm.inputs import TokensPrompt
         from vllm.lora.request import LoRARequest
 
-        lora_id = next(self.lora_ids)
-        folder = self.folder / f"{name}-v{lora_id}"
-        folder.mkdir()
-        state = get_peft_model_state_dict(model, adapter_name=name)
-        save_file(
-            {k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors")
-        )
-        model.peft_config[name].save_pretrained(str(folder))
-        old = self.lora_requests.get(name)
-        self.lora_requests[name] = LoRARequest(f"{name}-v{lora_id}", lora_id, str(folder))
-        if old is not None:  # a new id: vLLM loads it on first use; the old one is evicted and its files dropped
-            with vllm_process_guard():
-                self.llm.llm_engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(old.lora_path, ignore_errors=True)
-        self.synced[name] = weight_versions(params)
-
-    # ---------------------------------------------------------------- sampling
-    def generate(self, prompts: list[list[int]], params: list[Any], adapters: list[str] | None) -> list[Any]:
-        """vLLM's outputs for token-id prompts, one sampling-parameter set per prompt, through the named adapters."""
-        from vllm.inputs import TokensPrompt
-
-        requests = None
-        if self.adapters:
-            names = adapters or [self.adapters[0]] * len(prompts)
-            requests = [self.lora_requests[n] for n in names]
+        versions = self.adapter_of_rows(len(prompts), batch.adapter_names)
+        requests = None if versions is None else [LoRARequest(v.name, v.lora_id, str(v.path)) for v in versions]
+        self.wake()
         with vllm_process_guard():
-            if self.sleeping:
-                self.llm.wake_up()
-                self.sleeping = False
             outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=requests, use_tqdm=False
+                [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                sampling_params(settings, batch),
+                lora_request=requests,
+                use_tqdm=False,
             )
             if self.sleep_between_rollouts:
                 self.llm.sleep(level=1)  # weights to host memory, KV cache dropped, until the next rollout
                 self.sleeping = True
-        return outputs
+        rows = []
+        for output in outputs:
+            out = output.outputs[0]
+            tokens = list(out.token_ids)
+            logp = [step[t].logprob for step, t in zip(out.logprobs, tokens)] if settings.logprobs else None
+            rows.append((tokens, logp, out.finish_reason == "length"))
+        return rows
 
     def close(self) -> None:
         """Stop the engine and delete its temporary folder."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             stop_in_process(llm)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        super().close()
 
 
 def stop_in_process(llm: Any) -> None:
@@ -274,18 +341,21 @@ class VLLMEngine:
     runs_in_threads = False  # one vLLM call per model, one after another: the engine batches rows itself
 
     def __init__(self) -> None:
-        self.engines: weakref.WeakKeyDictionary[torch.nn.Module, ColocatedEngine] = weakref.WeakKeyDictionary()
+        self.engines: weakref.WeakKeyDictionary[torch.nn.Module, SyncedEngine] = weakref.WeakKeyDictionary()
 
     def supports(self, model: PreTrainedModel) -> bool:
         return getattr(model, "config", None) is not None
 
-    def engine_for(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> ColocatedEngine:
-        """The engine of ``model``, started on first use."""
+    def engine_for(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> SyncedEngine:
+        """The engine of ``model``, started (colocate) or connected to (server) on first use."""
         engine = self.engines.get(model)
         if engine is None:
-            if options.mode != "colocate":
-                raise ConfigError(f"vllm_mode={options.mode!r}: this engine runs colocated engines only")
-            engine = ColocatedEngine(model, options, dtype)
+            if options.mode == "server":
+                from .vllm_server import ServerEngine
+
+                engine = ServerEngine(model, options)
+            else:
+                engine = ColocatedEngine(model, options, dtype)
             self.engines[model] = engine
             weakref.finalize(model, engine.close)
         return engine
@@ -305,14 +375,13 @@ class VLLMEngine:
         engine.sync(model)
         prompts = [row[mask.bool()].tolist() for row, mask in zip(batch.prompt_ids, batch.prompt_mask)]
         longest = max(len(p) for p in prompts) + settings.max_new_tokens
-        if longest > engine.max_len:
+        if engine.max_len and longest > engine.max_len:
             raise ConfigError(
                 f"vllm_max_model_length={engine.max_len} is below the longest prompt plus max_new_tokens "
                 f"({longest} tokens); raise vllm_max_model_length or lower max_prompt_length / max_new_tokens."
             )
-        params = sampling_params(settings, batch)
-        outputs = engine.generate(prompts, params, batch.adapter_names)
-        return completions_from(outputs, batch.pad_id, settings.logprobs, Completions)
+        rows = engine.generate(prompts, settings, batch)
+        return completions_from(rows, batch.pad_id, settings.logprobs, Completions)
 
     def close(self) -> None:
         """Stop every engine this process started."""
@@ -340,17 +409,14 @@ def sampling_params(settings: Any, batch: Any) -> list[Any]:
     return [SamplingParams(seed=None if s is None else int(s) % 2**63, **common) for s in seeds]
 
 
-def completions_from(outputs: list[Any], pad_id: int, logprobs: bool, completions_cls: type) -> Any:
-    """Right-padded ids (and each sampled token's log-prob) of vLLM's outputs, with which rows hit the length."""
-    rows = [o.outputs[0] for o in outputs]
-    width = max((len(r.token_ids) for r in rows), default=0)
+def completions_from(rows: list[SampledRow], pad_id: int, logprobs: bool, completions_cls: type) -> Any:
+    """Right-padded ids (and each sampled token's log-prob) of sampled rows, with which rows hit the length."""
+    width = max((len(tokens) for tokens, _, _ in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     logp = torch.zeros((len(rows), width)) if logprobs else None
-    for i, row in enumerate(rows):
-        tokens = list(row.token_ids)
+    for i, (tokens, picked, _) in enumerate(rows):
         ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        if logp is not None:
-            picked = [step[token].logprob for step, token in zip(row.logprobs, tokens)]
+        if logp is not None and picked:
             logp[i, : len(picked)] = torch.tensor(picked, dtype=torch.float32)
-    truncated = torch.tensor([r.finish_reason == "length" for r in rows], dtype=torch.bool)
+    truncated = torch.tensor([hit for _, _, hit in rows], dtype=torch.bool)
     return completions_cls(ids, logp, truncated)
