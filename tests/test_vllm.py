@@ -279,3 +279,17 @@ def test_marlhf_on_vllm(tmp_path):
     )
     out = t.train()
     assert out["history"]
+
+
+def test_two_rank_torchrun_equals_one_process(tmp_path):
+    """Each rank starts the engine of its own agent; per-row seeds make the 2-rank run draw the single process's
+    samples, so both train the same weights."""
+    from test_distributed import agent_weights, assert_same_weights, history, run_in_process, torchrun
+
+    spec = {"use_vllm": True, "model": {"hidden": 128}, "max_steps": 2}
+    rc, log, _ = torchrun(2, tmp_path / "ranks", spec, timeout=400)
+    assert rc == 0, log[-4000:]
+    assert log.count("Initializing a V1 LLM engine") == 2  # one engine per rank: its own agent's
+    ref = run_in_process(tmp_path / "one", spec)
+    assert history(tmp_path / "ranks") == history(ref)
+    assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "ranks"), atol=1e-6)
