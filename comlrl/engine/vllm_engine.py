@@ -272,6 +272,7 @@ class ColocatedEngine(SyncedEngine):
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
             )
+            self.llm.apply_model(refresh_vocabulary_layers)
             self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
     def drop_adapter(self, version: AdapterVersion) -> None:
@@ -311,6 +312,18 @@ class ColocatedEngine(SyncedEngine):
         if llm is not None:
             stop_in_process(llm)
         super().close()
+
+
+def refresh_vocabulary_layers(model: torch.nn.Module) -> None:
+    """Redo the post-load processing of a vLLM model's embedding and LM-head layers. Why: vLLM's reload
+    processes a tied LM head's weight only through the embedding that owns it, and on CPU the head computes from a
+    matmul handle packed at load time, which would keep the placeholder weights the engine started with."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(module, VocabParallelEmbedding) and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
 
 
 def stop_in_process(llm: Any) -> None:
