@@ -349,3 +349,24 @@ def test_greedy_tokens_equal_the_decode_loops_on_the_embedded_model():
     for o, v in zip(pad(ours), pad(theirs)):
         end = int(completion_mask(o[None], b.stop_ids)[0].sum())
         assert o[:end].tolist() == v[:end].tolist()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (scripts/gpu_check.sh runs it)")
+@pytest.mark.parametrize("lora", [True, False], ids=["lora-team", "full"])
+def test_colocated_on_cuda_with_sleep_mode_follows_the_steps(lora):
+    """On a GPU: the engine sleeps between rollouts (weights offloaded, KV cache dropped), wakes before each weight
+    push, and after two steps its greedy tokens equal the trained model's."""
+    t = MAGRPOTrainer(
+        model=vllm_model().cuda(),
+        num_agents=2,
+        tokenizer=tiny_tokenizer(),
+        train_dataset=ROWS,
+        reward_func=length_reward,
+        args=cfg(vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=0.2, bf16=False),
+        peft_config=LORA if lora else None,
+    )
+    t.train()
+    engine = VLLM_ENGINE.engines[t.agents[0].model]
+    assert engine.sleep_between_rollouts and engine.sleeping
+    greedy_equal_after_training(t)
