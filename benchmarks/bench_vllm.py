@@ -55,17 +55,11 @@ import time
 from pathlib import Path
 
 import torch
+from bench_generate import DATA, FALLBACK_PROMPTS  # the same TL;DR posts as the decode-loop benchmark
 
 ENGINES = ("comlrl", "transformers", "vllm")
 LAYOUTS = ("lora", "full")
 VARIANTS = [f"{e}_{layout}" for layout in LAYOUTS for e in ENGINES]
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
-FALLBACK_PROMPTS = [
-    "Summarize: my landlord kept the deposit after I moved out",
-    "Summarize: I got lost hiking and a stranger drove me home",
-    "Summarize: my cat learned to open the fridge door last week",
-    "Summarize: our team lost the final because of a late penalty",
-]
 LORA = dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0)
 
 

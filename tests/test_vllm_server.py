@@ -15,10 +15,10 @@ import urllib.request
 
 import pytest
 import torch
-from test_vllm import GREEDY, LORA, ROWS, batch, length_reward
+from test_vllm import GREEDY, LORA, ROWS, batch, cfg, length_reward
 from tiny import tiny_model, tiny_tokenizer
 
-from comlrl import MAGRPOConfig, MAGRPOTrainer
+from comlrl import MAGRPOTrainer
 from comlrl.engine.generation import TRANSFORMERS, VLLM_ENGINE, vllm_installed
 from comlrl.engine.vllm_engine import VLLMOptions
 from comlrl.engine.vllm_server import ServerEngine
@@ -79,21 +79,7 @@ def server(tmp_path_factory):
 
 def test_lora_team_trains_against_the_server_and_its_adapters_follow(server):
     folder, port = server
-    args = MAGRPOConfig(
-        use_vllm=True,
-        vllm_mode="server",
-        vllm_server_host="127.0.0.1",
-        vllm_server_port=port,
-        vllm_server_timeout=30,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_new_tokens=6,
-        max_steps=2,
-        learning_rate=5e-2,
-        logging_steps=0,
-        disable_tqdm=True,
-        seed=3,
-    )
+    args = cfg(vllm_mode="server", vllm_server_host="127.0.0.1", vllm_server_port=port, vllm_server_timeout=30)
     t = MAGRPOTrainer(
         model=folder,
         num_agents=2,
