@@ -283,7 +283,7 @@ def test_marlhf_on_vllm(tmp_path):
 
 def test_two_rank_torchrun_equals_one_process(tmp_path):
     """Each rank starts the engine of its own agent; per-row seeds make the 2-rank run draw the single process's
-    samples, so both train the same weights."""
+    samples, so both train the same weights: a seeded vLLM run reproduces, across process layouts too."""
     from test_distributed import agent_weights, assert_same_weights, history, run_in_process, torchrun
 
     spec = {"use_vllm": True, "model": {"hidden": 128}, "max_steps": 2}
@@ -313,15 +313,6 @@ def test_cli_trains_and_evaluates_with_use_vllm(tmp_path):
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2] and "agent/0/policy/rollout_kl" in lines[0]
     assert "eval/reward/mean" in lines[1]
-
-
-def test_a_seeded_vllm_run_reproduces():
-    def run():
-        t = MAGRPOTrainer(**tiny_kwargs(reward_func=length_reward, peft_config=LORA), args=cfg(max_steps=2))
-        history = t.train()["history"]
-        return [{k: v for k, v in h.items() if not k.startswith(("time/", "perf/"))} for h in history]
-
-    assert run() == run()
 
 
 def test_greedy_tokens_equal_the_decode_loops_on_the_embedded_model():

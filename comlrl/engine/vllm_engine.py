@@ -4,9 +4,10 @@ One vLLM engine per distinct base model: a LoRA team on one shared base is one e
 row generating through its agent's adapter; a fully fine-tuned agent, or each model of a heterogeneous team, has an
 engine of its own. An engine starts from the model's config with placeholder weights and takes the trainer's
 weights from memory, so it never reads a checkpoint and always samples the policy being trained: before every
-rollout, the parameters an optimizer step changed (torch's in-place version counters tell which) are pushed again:
-a full model's weights through vLLM's ``load_weights``, a LoRA adapter as a new adapter version loaded at runtime
-from a temporary folder outside the run directory.
+rollout, the parameters an optimizer step changed (torch's in-place version counters tell which; comlrl's optimizer
+steps raise them) are pushed again: a full model's weights in place through vLLM's weight-reload path, a LoRA
+adapter as a new adapter version loaded at runtime from a temporary folder outside the run directory. Server mode
+(:mod:`.vllm_server`) shares the bookkeeping (:class:`SyncedEngine`).
 
 Prompts go in as token ids and completion ids come back as vLLM sampled them, with each token's log-prob under
 the distribution it was drawn from (temperature, top-k and top-p applied: vLLM's ``processed_logprobs``), which
