@@ -5,6 +5,7 @@ weights), and every trainer runs on it. The models are tiny Llamas with a head s
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -244,7 +245,20 @@ def test_every_rl_trainer_runs_two_steps_on_vllm(make):
     assert any(k.startswith("eval") for k in evaluation), evaluation
 
 
-def test_madpo_candidate_rounds_on_vllm(tmp_path):
+def test_madpo_candidate_rounds_on_vllm(tmp_path, monkeypatch):
+    """Two rounds against the initial team: while the comparator's weights are swapped in, the engine samples them
+    (greedy tokens equal the swapped model's), and the trained ones again after."""
+    checked = []
+    swap = MADPOTrainer._comparator_weights
+
+    @contextlib.contextmanager
+    def checked_swap(self, round_index):
+        with swap(self, round_index):
+            greedy_equal_after_training(self)
+            checked.append(round_index)
+            yield
+
+    monkeypatch.setattr(MADPOTrainer, "_comparator_weights", checked_swap)
     t = MADPOTrainer(
         **tiny_kwargs(reward_func=length_reward, peft_config=LORA),
         args=cfg(
@@ -252,13 +266,15 @@ def test_madpo_candidate_rounds_on_vllm(tmp_path):
             max_steps=-1,
             output_dir=str(tmp_path / "run"),
             num_generations=3,
-            num_rounds=1,
-            steps_per_round=2,
+            num_rounds=2,
+            steps_per_round=1,
             prompts_per_round=4,
             per_device_train_batch_size=3,
+            comparator="initial",
         ),
     )
     assert len(t.train()["history"]) == 2
+    assert checked == [0, 1]
     greedy_equal_after_training(t)
 
 

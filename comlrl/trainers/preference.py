@@ -482,15 +482,19 @@ class MADPOTrainer(MultiAgentTrainer):
                 raise ConfigError(f"round {round_index}: the comparator team of round {r} ({path}) is missing.")
             self._snapshots[r] = torch.load(path, map_location="cpu", weights_only=True)
         backup = [[p.detach().clone() for p in a.params] for a in self.agents]
+        # copied in place under no_grad (not through .data): that raises the parameters' version counters, by which
+        # a vLLM engine knows to push the comparator's weights, and the trained ones again after
         try:
-            for a, saved in zip(self.agents, self._snapshots[r]):
-                for p, q in zip(a.params, saved):
-                    p.data.copy_(q)
+            with torch.no_grad():
+                for a, saved in zip(self.agents, self._snapshots[r]):
+                    for p, q in zip(a.params, saved):
+                        p.copy_(q)
             yield
         finally:
-            for a, saved in zip(self.agents, backup):
-                for p, q in zip(a.params, saved):
-                    p.data.copy_(q)
+            with torch.no_grad():
+                for a, saved in zip(self.agents, backup):
+                    for p, q in zip(a.params, saved):
+                        p.copy_(q)
 
     # ------------------------------------------------------------------ the update
     def optimize_pairs(self, micro: list[list[tuple[dict, float]]]) -> dict[str, float]:
