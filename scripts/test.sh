@@ -14,4 +14,5 @@ lint-imports
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict -d "$site"
-python -m pytest -q -p no:cacheprovider "$@"
+# --durations: the slowest tests, printed at the end, to keep the whole command inside CI's time budget
+python -m pytest -q -p no:cacheprovider --durations=25 "$@"
