@@ -48,7 +48,8 @@ def test_both_engines_give_identical_greedy_completions(seed):
     assert isinstance(ours, Completions) and ours.ids.shape[0] == batch.rows
     assert torch.equal(ours.ids, theirs.ids)
     on = {
-        name: generate(model, tok, PROMPTS, 2, GenerationSettings(12, False, engine=name)) for name in ROLLOUT_ENGINES
+        name: generate(model, tok, PROMPTS, 2, GenerationSettings(12, False, engine=name))
+        for name in ("comlrl", "transformers")  # vLLM's: tests/test_vllm.py (its CPU attention needs head size >= 32)
     }
     a, b = on["comlrl"], on["transformers"]
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
@@ -255,4 +256,6 @@ def test_vllm_fields_have_trls_names_and_defaults_and_are_checked():
             MAGRPOConfig(**{name: value})
         assert re.search(why, str(err.value)), (name, str(err.value))
     help_text = MAGRPOConfig.field_help()
-    assert "TRL's ('server')" in help_text["vllm_mode"] and "issue 30" in help_text["use_vllm"]
+    assert (
+        "TRL's ('server')" in help_text["vllm_mode"] and "one engine per distinct base model" in help_text["use_vllm"]
+    )
