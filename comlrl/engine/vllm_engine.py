@@ -164,9 +164,10 @@ class SyncedEngine:
         a full model's weights."""
         if not self.adapters:
             weights = list(base_weights(model))
-            if weight_versions([w for _, w in weights]) != self.synced.get(""):
+            versions = weight_versions([w for _, w in weights])
+            if versions != self.synced.get(""):
                 self.push_weights(weights)
-                self.synced[""] = weight_versions([w for _, w in weights])
+                self.synced[""] = versions
             return
         for name in self.adapters:
             params = adapter_weights(model, name)
@@ -250,10 +251,8 @@ class ColocatedEngine(SyncedEngine):
             self.llm = LLM(**kwargs)
         self.sleeping = False
         self.sleep_between_rollouts = bool(kwargs["enable_sleep_mode"])
-        weights = list(base_weights(model))  # a LoRA team's base once; a full model's again whenever it changes
-        self.push_weights(weights)
-        if not self.adapters:
-            self.synced[""] = weight_versions([w for _, w in weights])
+        if self.adapters:  # a LoRA team's base once; its adapters (and a full model's weights) through sync()
+            self.push_weights(list(base_weights(model)))
 
     def sync(self, model: PreTrainedModel) -> None:
         self.wake()  # weights reach a sleeping engine's offloaded copy otherwise, and are lost when it wakes
@@ -395,7 +394,7 @@ class VLLMEngine:
                 f"({longest} tokens); raise vllm_max_model_length or lower max_prompt_length / max_new_tokens."
             )
         rows = engine.generate(prompts, settings, batch)
-        return completions_from(rows, batch.pad_id, settings.logprobs, Completions)
+        return Completions(*completions_from(rows, batch.pad_id, settings.logprobs))
 
     def close(self) -> None:
         """Stop every engine this process started."""
@@ -423,8 +422,11 @@ def sampling_params(settings: Any, batch: Any) -> list[Any]:
     return [SamplingParams(seed=None if s is None else int(s) % 2**63, **common) for s in seeds]
 
 
-def completions_from(rows: list[SampledRow], pad_id: int, logprobs: bool, completions_cls: type) -> Any:
-    """Right-padded ids (and each sampled token's log-prob) of sampled rows, with which rows hit the length."""
+def completions_from(
+    rows: list[SampledRow], pad_id: int, logprobs: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(ids, log-probs, truncated) of sampled rows: ids right-padded, each sampled token's log-prob (when asked),
+    and which rows hit the length."""
     width = max((len(tokens) for tokens, _, _ in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     logp = torch.zeros((len(rows), width)) if logprobs else None
@@ -433,4 +435,4 @@ def completions_from(rows: list[SampledRow], pad_id: int, logprobs: bool, comple
         if logp is not None and picked:
             logp[i, : len(picked)] = torch.tensor(picked, dtype=torch.float32)
     truncated = torch.tensor([hit for _, _, hit in rows], dtype=torch.bool)
-    return completions_cls(ids, logp, truncated)
+    return ids, logp, truncated
