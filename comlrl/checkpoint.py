@@ -4,6 +4,8 @@ Layout of ``<output_dir>/checkpoint-<step>/``::
 
     agent_<i>/                model (or LoRA adapter) and tokenizer, as trainer.save_model writes them
     agent_<i>/training_state.pt   optimizer and LR-scheduler state
+    agent_<i>/sharded/        an agent sharded with fsdp: its model and optimizer state as DCP shards (the folder
+                              then holds no weights, and training_state.pt only the scheduler)
     rng_state.pt              python, numpy, torch (and CUDA) generator states at the checkpoint moment
     trainer_state.json        step, epoch, batch_in_epoch, trainer class, args, seed, git hash
     history.json              the trainer's per-step metrics so far
@@ -37,6 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from . import sharding
 from .errors import ComlrlError
 from .tracking import METRICS_FILE, git_info, truncate_metrics
 
@@ -82,14 +85,21 @@ def write_parts(
     """What process ``rank`` writes into ``tmp`` and fsyncs: its agents (weights or adapters, optimizer and scheduler
     states), its critics (``critics.rank<rank>.pt``, joined by :func:`publish`) and its RNG state.
     ``owns_agent(agent)`` / ``owns_critic(reads)``: which of the process's agents and critics it writes (default all)."""
-    with _quiet_transformers():
-        trainer.save_model(str(tmp))  # one from_pretrained-loadable folder (or LoRA adapter) per agent it owns
+    with _quiet_transformers():  # one from_pretrained-loadable folder (or LoRA adapter) per agent it owns
+        trainer.save_model(str(tmp), gather_sharded=False)
+    team = getattr(trainer, "dist", None)
     for agent in trainer.agents:
-        if owns_agent is None or owns_agent(agent):
-            torch.save(
-                {"optimizer": agent.optimizer.state_dict(), "scheduler": agent.scheduler.state_dict()},
-                tmp / agent.name / "training_state.pt",
+        sharded = team is not None and team.sharded(agent)
+        if sharded:  # every rank of the agent writes its shards
+            sharding.save_sharded(
+                agent.model, agent.optimizer, tmp / agent.name / sharding.SHARDED_DIR, team.grad_groups[agent.index]
             )
+            _sync_tree(tmp / agent.name / sharding.SHARDED_DIR)
+        if owns_agent is None or owns_agent(agent):
+            state = {"scheduler": agent.scheduler.state_dict()}
+            if not sharded:
+                state["optimizer"] = agent.optimizer.state_dict()
+            torch.save(state, tmp / agent.name / "training_state.pt")
             _sync_tree(tmp / agent.name)
     critics = [c for c in getattr(trainer, "critics", []) if owns_critic is None or owns_critic(c.reads)]
     if critics:
@@ -318,11 +328,22 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
     meta = json.loads((path / "trainer_state.json").read_text())
     if meta["num_agents"] != trainer.num_agents:
         raise CheckpointError(f"checkpoint {path} has {meta['num_agents']} agents, the trainer {trainer.num_agents}.")
+    team = getattr(trainer, "dist", None)
     for agent in trainer.agents:
         folder = path / agent.name
-        load_weights(agent.model, folder, getattr(agent, "adapter", None))
         states = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
-        agent.optimizer.load_state_dict(states["optimizer"])
+        sharded = team is not None and team.sharded(agent)
+        if (folder / sharding.SHARDED_DIR).is_dir():  # DCP reshards to this run's ranks (or one whole model)
+            group = team.grad_groups[agent.index] if sharded else None
+            sharding.load_sharded(agent.model, agent.optimizer, folder / sharding.SHARDED_DIR, group)
+        elif sharded:
+            raise CheckpointError(
+                f"{folder}: agent {agent.index} was saved unsharded and is sharded in this run (fsdp); resume it "
+                "without fsdp, or start from its weights (model=...)."
+            )
+        else:
+            load_weights(agent.model, folder, getattr(agent, "adapter", None))
+            agent.optimizer.load_state_dict(states["optimizer"])
         agent.scheduler.load_state_dict(states["scheduler"])
     critics = getattr(trainer, "critics", None) or []  # under torchrun: the critics on this rank
     expected = getattr(trainer, "num_critics", 0)

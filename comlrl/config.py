@@ -13,6 +13,7 @@ from .algorithms.advantages import JOINT_MODES
 from .algorithms.losses import LOSS_NORMALIZATIONS
 from .config_fields import config_class, help_field, suggest
 from .errors import ConfigError
+from .sharding import sharding_plan
 
 ADVANTAGE_MODES = ("none", "mean", "loo", "max")
 SCALE_MODES = ("none", "group", "batch")
@@ -132,6 +133,19 @@ class TrainConfig:
         1800.0,
         "Under torchrun: seconds a process waits for the others at a collective before failing, so a dead "
         "or hung rank stops the job instead of hanging it. Must exceed the slowest reward computation.",
+    )
+    fsdp: str = help_field(
+        "",
+        "Under torchrun: shard each agent over its ranks with FSDP2 instead of replicating it (transformers' option "
+        "string): 'full_shard' (parameters, gradients and AdamW state split over the agent's ranks), 'shard_grad_op' "
+        "(keep gathered weights from forward to backward), 'hybrid_shard' (shard within groups of "
+        "fsdp_config.hybrid_shard_size ranks, replicate across them); '' = replicate. See docs/distributed.md.",
+    )
+    fsdp_config: dict | None = help_field(
+        None,
+        "With fsdp: reshard_after_forward (bool), hybrid_shard_size (ranks per shard group; default: one node's), "
+        "mixed_precision (bf16 compute, fp32 reduce; default: when bf16 is on), offload_params (GPU runs: shards and "
+        "optimizer state in CPU memory), activation_checkpointing (= gradient_checkpointing), version (2 only).",
     )
     # --- speed and memory: the same math (measurements in benchmarks/README.md) ---
     share_base: bool = help_field(
@@ -288,6 +302,7 @@ class TrainConfig:
             *self._vllm_checks(),
         ]
         self._check_all(checks)
+        sharding_plan(self.fsdp, self.fsdp_config)  # raises a ConfigError naming a bad option or key
         self._check_choice("vllm_mode", VLLM_MODES)
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]

@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint as ck
+from . import sharding
 from .accel.shapes import pad_tokens
 from .engine.rollout import Samples
 from .errors import ComlrlError, ConfigError
@@ -316,17 +317,24 @@ def setup(args: Any, num_agents: int) -> DistTeam | None:
     timeout = float(getattr(args, "dist_timeout", DEFAULT_TIMEOUT_S))
     init(timeout, device)
     placement = resolve_placement(num_agents, dist.get_world_size(), getattr(args, "placement", None))
-    return DistTeam(placement, device, timeout)
+    plan = sharding.sharding_plan(getattr(args, "fsdp", None), getattr(args, "fsdp_config", None))
+    return DistTeam(placement, device, timeout, plan)
 
 
 class DistTeam:
     """This process's part of a torchrun job: rank, device, agents, replica, and the collectives the trainer needs."""
 
-    def __init__(self, placement: Placement, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        placement: Placement,
+        device: torch.device,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        plan: sharding.ShardingPlan | None = None,
+    ) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if placement.world_size != self.world_size:
             raise ConfigError(f"placement is for {placement.world_size} ranks but the job has {self.world_size}.")
-        self.placement, self.device, self.timeout_s = placement, device, timeout_s
+        self.placement, self.device, self.timeout_s, self.plan = placement, device, timeout_s, plan
         self.local_agents = placement.agents_on(self.rank)
         self.replica = placement.replica_of(self.rank)
         timeout = timedelta(seconds=timeout_s)
@@ -345,6 +353,13 @@ class DistTeam:
                 if backend == "gloo"
                 else dist.new_group(list(ranks), backend="gloo", timeout=timeout)
             )
+        # with fsdp: an agent on several ranks is sharded over them (a device mesh each, built by every rank in order)
+        self.meshes: dict[int, Any] = {}
+        if plan is not None:
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+            for i, ranks in enumerate(placement.ranks):
+                if len(ranks) > 1:
+                    self.meshes[i] = sharding.agent_mesh(ranks, plan, device.type, per_node)
         if self.is_main:
             log.info(
                 "torchrun placement (%d ranks, %d agents, %d replica(s)): %s",
@@ -357,6 +372,48 @@ class DistTeam:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    # --- sharding (fsdp) ----------------------------------------------------------------------------
+    def shard_agents(self, agents: list, bf16: bool) -> None:
+        """Shard each of ``agents`` placed on several ranks over them (and its KL reference); the agents' ``params``
+        are set to the sharded parameters. Agents sharing one LoRA base must share its ranks."""
+        if self.plan is None:
+            return
+        by_model: dict[int, list] = {}
+        for a in agents:
+            if a.index in self.meshes:
+                by_model.setdefault(id(a.model), []).append(a)
+        for team in by_model.values():
+            rank_sets = {self.placement.ranks[a.index] for a in team}
+            if len(rank_sets) > 1:
+                raise ConfigError(
+                    f"fsdp: agents {[a.index for a in team]} share one LoRA base but are placed on different ranks "
+                    f"{sorted(rank_sets)}; place them on the same ranks (training.placement) or set share_base=False."
+                )
+            mesh = self.meshes[team[0].index]
+            adapters = {p for a in team if a.adapter is not None for p in a.params}
+            sharding.shard_model(team[0].model, mesh, self.plan, bf16, ignored=adapters)
+            for a in team:
+                if a.ref_model is not None:
+                    sharding.shard_model(a.ref_model, mesh, self.plan, bf16)
+                if a.adapter is None:
+                    a.params = [p for p in a.model.parameters() if p.requires_grad]
+        if self.is_main and self.meshes:
+            log.info(
+                "fsdp: %s",
+                "; ".join(f"agent {i} sharded over ranks {self.placement.ranks[i]}" for i in sorted(self.meshes)),
+            )
+
+    def sharded(self, agent: Any) -> bool:
+        """True when ``agent``'s trainable weights are FSDP shards (their gradients are reduced by FSDP)."""
+        return agent.index in self.meshes and sharding.fully_sharded(agent.model, agent.adapter)
+
+    def lockstep_passes(self, agent: Any, passes: int) -> int:
+        """How many forward/backward passes each rank of ``agent`` runs this update: the most any of them needs
+        when the agent is sharded (every pass is a collective over its mesh), else ``passes``."""
+        if agent.index not in self.meshes:
+            return passes
+        return max(self.all_gather(passes, f"count passes of agent {agent.index}", self.object_groups[agent.index]))
 
     def owns(self, agent: Any) -> bool:
         """True on the rank that writes ``agent`` to disk: the rank of its replica 0."""
@@ -409,11 +466,13 @@ class DistTeam:
         """Generate this rank's agents on its replica's shard of ``nodes`` with ``generate_team`` (the loop's own,
         :func:`comlrl.trainers.episode.generate_team`); return every agent's samples, all nodes."""
         mine: dict[int, tuple[Samples, int]] = {}
-        if agents and self.replica is not None:
-            lo, hi = shard_bounds(len(nodes), self.placement.replicas)[self.replica]
-            if hi > lo:
-                out = generate_team(agents, nodes[lo:hi], g, settings, autocast_dtype, seed=seed, row_offset=lo * g)
-                mine = {a.index: (s, a.tokenizer.pad_token_id) for a, s in zip(agents, out)}
+        # sharded agents decode with full weights, gathered on every rank of their mesh (rows or not)
+        with sharding.gathered([a.model for a in agents if a.index in self.meshes]):
+            if agents and self.replica is not None:
+                lo, hi = shard_bounds(len(nodes), self.placement.replicas)[self.replica]
+                if hi > lo:
+                    out = generate_team(agents, nodes[lo:hi], g, settings, autocast_dtype, seed=seed, row_offset=lo * g)
+                    mine = {a.index: (s, a.tokenizer.pad_token_id) for a, s in zip(agents, out)}
         gathered = self.all_gather(mine, "gather completions")
         team = []
         for i, ranks in enumerate(self.placement.ranks):
@@ -445,6 +504,9 @@ class DistTeam:
         group = self.grad_groups.get(agent.index)
         if group is None:
             return sums
+        if self.sharded(agent):  # FSDP reduced them already, as a mean over the agent's ranks
+            sharding.scale_gradients(agent.params, len(self.placement.ranks[agent.index]))
+            return self.sum_metrics(sums, self.object_groups[agent.index], f"agent {agent.index}")
         return self.sum_gradients(agent.params, sums, group, self.object_groups[agent.index], f"agent {agent.index}")
 
     def sum_gradients(
@@ -474,6 +536,10 @@ class DistTeam:
                         g.copy_(part.view_as(g))
         except (RuntimeError, dist.DistError) as exc:
             raise self._fail(f"all-reduce gradients of {what}", exc) from exc
+        return self.sum_metrics(sums, object_group, what)
+
+    def sum_metrics(self, sums: dict[str, float], object_group: Any, what: str) -> dict[str, float]:
+        """The metric ``sums`` added up over the ranks of ``object_group`` (a key missing on a rank counts 0)."""
         every = self.all_gather(sums, f"sum loss metrics of {what}", object_group)
         keys = list(dict.fromkeys(k for s in every for k in s))
         return {k: sum(s.get(k, 0.0) for s in every) for k in keys}

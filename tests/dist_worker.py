@@ -56,8 +56,9 @@ def revise(prompts: list[str], agent_completions: list[str]) -> list[str]:
 
 def own_weights(agent) -> dict[str, torch.Tensor]:
     """The agent's weights: the whole model, or only its own LoRA adapter on a shared base."""
-    if agent.adapter is None:
-        return {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
+    if agent.adapter is None:  # a sharded agent's tensors are gathered (every rank of it calls this)
+        state = agent.model.state_dict().items()
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state}
     return {k: v.detach().clone() for k, v in agent.model.named_parameters() if f".{agent.adapter}." in k}
 
 

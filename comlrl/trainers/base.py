@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .. import checkpoint, distributed
+from .. import checkpoint, distributed, sharding
 from ..config import MAGRPOConfig
 from ..engine.generation import AUTO, VLLM, GenerationSettings, check_engine_available
 from ..engine.models import check_vocab, copy_model, disable_dropout
@@ -124,6 +124,13 @@ class MultiAgentTrainer(PolicyUpdate):
         self.dist = distributed.setup(self.args, self.num_agents)
         if self.dist is not None and not self.supports_distributed:
             raise ConfigError(f"{type(self).__name__} does not run under torchrun yet; launch it as one process.")
+        plan = sharding.sharding_plan(self.args.fsdp, self.args.fsdp_config)
+        if plan is not None and self.dist is None:
+            log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", self.args.fsdp)
+        if plan is not None and self.args.use_vllm:
+            raise ConfigError("fsdp with use_vllm is not supported yet: the vLLM engines take unsharded agents.")
+        if plan is not None and plan.activation_checkpointing:
+            self.args.gradient_checkpointing = True
         self.device = self.dist.device if self.dist else resolve_device(self.args.device)
         if self.args.bf16 is None:
             self.args.bf16 = default_bf16(self.device)
@@ -184,9 +191,12 @@ class MultiAgentTrainer(PolicyUpdate):
         self.total_steps = math.ceil(self._epoch_rollouts() / self.args.gradient_accumulation_steps)  # optimizer steps
         updates = self.total_steps * getattr(self.args, "num_iterations", 1)  # optimizer updates of the run
         for a in self.agents:
-            a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
             if self.needs_reference() and a.adapter is None:
                 a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
+        if self.dist is not None:  # with fsdp: agents on several ranks are sharded over them (params replaced)
+            self.dist.shard_agents(self.agents, bool(self.args.bf16))
+        for a in self.agents:
+            a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
         # step: optimizer steps taken (TRL's global step); rollouts: rollout batches sampled
         self.state = {"step": 0, "rollouts": 0, "epoch": 0, "batch_in_epoch": 0}
         self.history: list[dict] = []
@@ -564,20 +574,26 @@ class MultiAgentTrainer(PolicyUpdate):
     def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:
         return merge_evaluation(episodes, [self.episode_metrics(ep, prefix="eval/") for ep in episodes])
 
-    def save_model(self, output_dir: str | None = None) -> list[str]:
+    def save_model(self, output_dir: str | None = None, gather_sharded: bool = True) -> list[str]:
         """Save one ``from_pretrained``-loadable folder per agent (adapter folders under LoRA); training can continue.
 
-        Under torchrun every rank calls it and writes the agents it owns (a replicated agent by its replica 0); rank 0
-        also writes the team config. Returns the folders this process wrote.
+        Under torchrun every rank calls it and writes the agents it owns (a replicated agent by its replica 0, a
+        sharded one by its first rank after gathering it); rank 0 also writes the team config. ``gather_sharded``
+        False: a sharded agent's folder gets its config and tokenizer only (checkpoints keep its weights as shards).
+        Returns the folders this process wrote.
         """
         root = Path(output_dir or self.args.output_dir)
         paths = []
         for a in self.agents:
+            sharded = self.dist is not None and self.dist.sharded(a)
+            full = sharding.full_state_dict(a.model, self.dist.owns(a)) if sharded and gather_sharded else None
             if self.dist is not None and not self.dist.owns(a):
                 continue  # another replica of this agent writes it
             path = root / a.name
             if a.adapter is not None:  # PEFT writes a non-default adapter to root/<adapter name> == path
                 a.model.save_pretrained(root, selected_adapters=[a.adapter])
+            elif sharded:
+                sharding.save_consolidated(a.model, path, full)
             else:
                 with distributed.saving_on_this_rank(a.model):  # transformers would write on rank 0 only
                     a.model.save_pretrained(path)

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import sharding
 from ..algorithms.losses import loss_weights, policy_loss
 from ..engine.logprobs import completion_logprobs, team_completion_logprobs
 from ..engine.process import release_freed_memory
@@ -67,7 +68,8 @@ class PolicyUpdate:
                 if len(group) > 1:
                     metric_sums = self._accumulate_team(group, data, it)
                 else:
-                    metric_sums = {group[0].index: self._accumulate_agent(group[0], *data[group[0].index], it)}
+                    agent = group[0]
+                    metric_sums = {agent.index: self._accumulate_agent(agent, *data[agent.index], it)}
                 if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
                     metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
                 mid = time.perf_counter()
@@ -135,10 +137,14 @@ class PolicyUpdate:
         # backward must run while the agent's adapter is active: PEFT freezes inactive adapters
         with active_adapter(agent.model, agent.adapter):
             metric_sums: dict[str, float] = {}
-            for b, lo, sl in self._chunks(batches):
+            chunks = list(self._chunks(batches))
+            if self.dist is not None:  # a sharded agent: every rank of its mesh runs as many passes
+                for _ in range(self.dist.lockstep_passes(agent, len(chunks)) - len(chunks)):
+                    self._idle_pass(agent, iteration)
+            for b, lo, sl in chunks:
                 tensors = self._chunk_tensors(batches[b][0], sl)
                 with self.autocast():
-                    logp = completion_logprobs(agent.model, *tensors, temperature=self.args.temperature)
+                    logp = self._logprobs(agent.model, tensors)
                 self._chunk_loss(
                     agent,
                     logp,
@@ -152,6 +158,18 @@ class PolicyUpdate:
                     metric_sums,
                 ).backward()
             return metric_sums
+
+    def _idle_pass(self, agent: Agent, iteration: int) -> None:
+        """A forward/backward of zero weight on one token (and the reference's forward where the real chunks run
+        one): what a rank with fewer rows runs so that every rank of a sharded agent takes part in each pass."""
+        pad = agent.tokenizer.pad_token_id or 0
+        tensors = [torch.full((1, 1), pad, device=self.device), torch.ones(1, 1, dtype=torch.long, device=self.device)]
+        tensors = tensors * 2  # a one-token prompt and a one-token completion
+        with self.autocast():
+            logp = self._logprobs(agent.model, tensors)
+        if iteration == 0 and self.args.beta > 0:
+            self._ref_logprobs(agent, tensors, FrozenLogprobs(), ("idle",))
+        (logp.sum() * 0.0).backward()
 
     def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
         """:meth:`_accumulate_agent` for agents sharing a LoRA base: each chunk of every agent in one routed
@@ -192,6 +210,10 @@ class PolicyUpdate:
             rows = samples.completion_ids.shape[0]
             for lo in range(0, rows, chunk or rows):
                 yield b, lo, slice(lo, lo + (chunk or rows))
+
+    def _logprobs(self, model: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Completion log-probs of one chunk under ``model`` (a sharded model's forward runs inside its FSDP hooks)."""
+        return sharding.forward(model, completion_logprobs, model, *tensors, temperature=self.args.temperature)
 
     def _chunk_tensors(self, samples: Any, sl: slice) -> list[torch.Tensor]:
         return [
@@ -251,15 +273,16 @@ class PolicyUpdate:
             ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
             model = agent.model if agent.adapter is not None else agent.ref_model
             with torch.no_grad(), ctx, self.autocast():
-                frozen.ref[key] = completion_logprobs(model, *tensors, temperature=self.args.temperature)
+                frozen.ref[key] = self._logprobs(model, tensors)
         return frozen.ref[key]
 
     def _optimizer_step(self, agent: Agent) -> float:
         params = agent.params
         if self.args.max_grad_norm and self.args.max_grad_norm > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
         else:
-            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a norm over the mesh
         agent.optimizer.step()
         agent.scheduler.step()
         agent.optimizer.zero_grad(set_to_none=True)
