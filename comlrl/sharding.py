@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -260,7 +261,10 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Pat
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(folder), process_group=group, no_dist=group is None and not is_sharded(model))
+    alone = group is None and not is_sharded(model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process reading: intended
+        dcp.load(state, checkpoint_id=str(folder), process_group=group, no_dist=alone)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 

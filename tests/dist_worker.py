@@ -9,9 +9,12 @@ The JSON holds MAGRPOConfig fields (or, with ``"trainer": "iac"`` / ``"maac"``, 
 model every process loads by path), ``lora`` (peft.LoraConfig
 fields: a LoRA team on one shared base per process), and the test hooks ``die_at`` / ``hang_at`` /
 ``reward_error_at`` = [rank, step]: that rank exits with os._exit(1) / sleeps forever at the start of that
-step, or that rank's reward function raises during that step (only rank 0 computes rewards). Each rank writes
-``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents) and ``OUT/history.rank<r>.json`` (the
-trainer's metrics per step plus ``time/step``, the wall time of the step); actor-critic runs add
+step, or that rank's reward function raises during that step (only rank 0 computes rewards); ``kill_at``: that rank
+sends itself SIGKILL. Each rank writes
+``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents), ``OUT/bytes.rank<r>.json`` ({agent
+index: bytes of parameters, gradients and optimizer state held by this rank}), ``OUT/history.rank<r>.json`` (the
+trainer's metrics per step plus ``time/step``, the wall time of the step) and ``OUT/final`` (save_model at the
+end); actor-critic runs add
 ``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank) and
 ``OUT/critic_rows.rank<r>.json`` (how many rows its critics ran forward: values and updates) and
 ``OUT/critic_dtypes.rank<r>.json`` (each critic's backbone dtype).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -65,6 +69,7 @@ def own_weights(agent) -> dict[str, torch.Tensor]:
 def run(out: str | Path, spec: dict) -> dict:
     """Train the tiny team; returns the trainer's train() output (weights and history go to ``out``)."""
     from comlrl import checkpoint
+    from comlrl.sharding import local_bytes
     from comlrl.config import IACConfig, MAACConfig, MAGRPOConfig
     from comlrl.trainers.actor_critic import IACTrainer, MAACTrainer
     from comlrl.trainers.magrpo import MAGRPOTrainer
@@ -76,7 +81,7 @@ def run(out: str | Path, spec: dict) -> dict:
         "iac": (IACTrainer, IACConfig),
         "maac": (MAACTrainer, MAACConfig),
     }[kind]
-    hooks = {k: spec.pop(k) for k in ("die_at", "hang_at", "reward_error_at", "resume") if k in spec}
+    hooks = {k: spec.pop(k) for k in ("die_at", "kill_at", "hang_at", "reward_error_at", "resume") if k in spec}
     model_kwargs = spec.pop("model", {})
     lora = spec.pop("lora", None)
     out = Path(out)
@@ -88,6 +93,9 @@ def run(out: str | Path, spec: dict) -> dict:
             if hooks.get("die_at") == [rank, step]:
                 print(f"rank {rank}: dying at step {step} (test hook)", flush=True)
                 os._exit(1)
+            if hooks.get("kill_at") == [rank, step]:
+                print(f"rank {rank}: SIGKILL at step {step} (test hook)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             if hooks.get("hang_at") == [rank, step]:
                 print(f"rank {rank}: hanging at step {step} (test hook)", flush=True)
                 time.sleep(3600)
@@ -131,6 +139,9 @@ def run(out: str | Path, spec: dict) -> dict:
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     out.mkdir(parents=True, exist_ok=True)
     torch.save({a.index: own_weights(a) for a in trainer.agents}, out / f"weights.rank{rank}.pt")
+    held = {a.index: local_bytes(a.model, a.optimizer) for a in trainer.agents}
+    (out / f"bytes.rank{rank}.json").write_text(json.dumps(held))
+    trainer.save_model(str(out / "final"))  # a sharded agent: gathered into one from_pretrained folder
     (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
     if kind != "magrpo":
         torch.save(
