@@ -10,6 +10,11 @@ slowest core), so the load average is printed with the numbers:
     python benchmarks/bench_distributed.py                # 1 process vs torchrun 2 processes
     python benchmarks/bench_distributed.py --steps 8 --hidden 512 --dp   # also 4 processes (2 agents x 2 replicas)
     python benchmarks/bench_distributed.py --trainer iac                 # actor-critic: critics placed with agents
+    python benchmarks/bench_distributed.py --fsdp          # memory: the embedded team replicated vs sharded (fsdp)
+
+``--fsdp`` trains the embedded SmolLM2-135M team (full fine-tune, fp32) with both agents on both of 2 ranks, once
+replicated (data parallel) and once sharded with ``fsdp="full_shard"``, and prints per rank the bytes of parameters
+and AdamW state it holds (counted from its local tensors) and its peak RSS.
 
 Prints the median step time over steps 2..N (step 1 includes warm-up) and its parts (generate = sampling plus
 exchanging completions, loss = forward/backward incl. the gradient all-reduce, optimizer).
@@ -29,6 +34,48 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
+
+
+def memory(out: Path, nproc: int) -> list[dict]:
+    """Per rank: the bytes its agents hold (parameters, AdamW state) and its peak RSS, as dist_worker wrote them."""
+    rows = []
+    for r in range(nproc):
+        held = json.loads((out / f"bytes.rank{r}.json").read_text())
+        agents = [v for k, v in held.items() if k != "peak_rss"]
+        rows.append(
+            {
+                "params": sum(v["params"] for v in agents),
+                "optimizer": sum(v["optimizer"] for v in agents),
+                "peak_rss": held["peak_rss"],
+            }
+        )
+    return rows
+
+
+def fsdp_memory(steps: int) -> None:
+    """The embedded team on 2 ranks, replicated vs sharded: held bytes and peak RSS per rank, side by side."""
+    spec = {
+        "model_dir": "embedded",
+        "bf16": False,
+        "max_steps": steps,
+        "max_new_tokens": 16,
+        "num_generations": 2,
+        "per_device_train_batch_size": 2,
+        "save_steps": 0,
+        "logging_steps": 0,
+        "placement": {"0": [0, 1], "1": [0, 1]},
+    }
+    print(f"embedded SmolLM2-135M team (2 agents, full fine-tune, fp32) on 2 ranks, {steps} steps, 2 prompts x 2")
+    print(f"{'variant':<34}{'rank':>5}{'params GB':>11}{'AdamW GB':>10}{'peak RSS GB':>13}{'step s':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in (("replicated (data parallel)", {}), ("fsdp full_shard", {"fsdp": "full_shard"})):
+            out = Path(tmp) / name.split()[0]
+            t = run(2, 1, {**spec, **extra}, out)
+            for r, m in enumerate(memory(out, 2)):
+                print(
+                    f"{name:<34}{r:>5}{m['params'] / 1e9:>11.3f}{m['optimizer'] / 1e9:>10.3f}"
+                    f"{m['peak_rss'] / 1e9:>13.2f}{t['time/step']:>8.2f}"
+                )
 
 
 def run(nproc: int, threads: int, spec: dict, out: Path) -> dict[str, float]:
@@ -83,7 +130,11 @@ def main() -> None:
         default="magrpo",
         help="iac / maac: a separate critic per agent / one centralized critic (a copy of the actor model)",
     )
+    ap.add_argument("--fsdp", action="store_true", help="memory per rank of the embedded team, replicated vs sharded")
     a = ap.parse_args()
+    if a.fsdp:
+        fsdp_memory(max(a.steps // 3, 2))
+        return
     cores = os.cpu_count() or 1
     spec = {
         "max_steps": a.steps,

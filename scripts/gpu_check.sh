@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up, print the GPU environment, and run the checks that need a GPU (tests/test_cuda.py, marker `cuda`; then
-# tests/test_vllm.py when CUDA and vllm are both there).
+# tests/test_vllm.py when CUDA and vllm are both there). The NCCL checks (data parallel and FSDP sharding, in
+# tests/test_cuda.py) need 2 GPUs and skip with one.
 # On a machine without CUDA every test skips with its reason and this exits 0. Extra arguments go to pytest;
 # COMLRL_TEST_DEVICE=cpu runs the same checks on CPU (the NCCL one still skips).
 set -euo pipefail

@@ -12,7 +12,7 @@ fields: a LoRA team on one shared base per process), and the test hooks ``die_at
 step, or that rank's reward function raises during that step (only rank 0 computes rewards); ``kill_at``: that rank
 sends itself SIGKILL. Each rank writes
 ``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents), ``OUT/bytes.rank<r>.json`` ({agent
-index: bytes of parameters, gradients and optimizer state held by this rank}), ``OUT/history.rank<r>.json`` (the
+index: bytes of parameters, gradients and optimizer state held by this rank; "peak_rss": the process's peak RSS}), ``OUT/history.rank<r>.json`` (the
 trainer's metrics per step plus ``time/step``, the wall time of the step) and ``OUT/final`` (save_model at the
 end); actor-critic runs add
 ``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank) and
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -69,8 +70,8 @@ def own_weights(agent) -> dict[str, torch.Tensor]:
 def run(out: str | Path, spec: dict) -> dict:
     """Train the tiny team; returns the trainer's train() output (weights and history go to ``out``)."""
     from comlrl import checkpoint
-    from comlrl.sharding import local_bytes
     from comlrl.config import IACConfig, MAACConfig, MAGRPOConfig
+    from comlrl.sharding import local_bytes
     from comlrl.trainers.actor_critic import IACTrainer, MAACTrainer
     from comlrl.trainers.magrpo import MAGRPOTrainer
 
@@ -127,7 +128,7 @@ def run(out: str | Path, spec: dict) -> dict:
         peft_config = LoraConfig(**lora)
     trainer = HookedTrainer(
         model=model,
-        tokenizer=tiny_tokenizer(),
+        tokenizer=None if model_dir else tiny_tokenizer(),  # a saved model (or "embedded") brings its own
         train_dataset=ROWS,
         reward_func=reward,
         formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"],
@@ -140,7 +141,8 @@ def run(out: str | Path, spec: dict) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.save({a.index: own_weights(a) for a in trainer.agents}, out / f"weights.rank{rank}.pt")
     held = {a.index: local_bytes(a.model, a.optimizer) for a in trainer.agents}
-    (out / f"bytes.rank{rank}.json").write_text(json.dumps(held))
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    (out / f"bytes.rank{rank}.json").write_text(json.dumps({**held, "peak_rss": peak_rss}))
     trainer.save_model(str(out / "final"))  # a sharded agent: gathered into one from_pretrained folder
     (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
     if kind != "magrpo":

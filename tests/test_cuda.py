@@ -261,10 +261,29 @@ def test_nccl_data_parallel_two_gpus_equal_single_process(tmp_path):
     """2 ranks on 2 GPUs, each holding both agents as one replica (placement {agent: [0, 1]}): the default group is
     NCCL (the device is cuda:LOCAL_RANK) and so are the agents' gradient all-reduces. The replicas stay bitwise
     equal, sample what one process on one GPU samples, and make its update up to float summation order."""
+    out = _nccl_run_against_one_process(tmp_path, {"max_steps": 2})
+    got = saved_weights(out)
+    for i, (a, b) in got.items():
+        assert all(torch.equal(v, b[k]) for k, v in a.items()), i  # the all-reduce gave both replicas one gradient
+
+
+def test_nccl_fsdp_two_gpus_shard_both_agents(tmp_path):
+    """The same job with fsdp='full_shard': each agent sharded over both GPUs (NCCL all-gather / reduce-scatter),
+    gathered for its rollouts. Mixed precision off: autocast computes in bf16 as in the one-process run, while FSDP's
+    bf16 parameters would also round the gradients (that policy is exercised on CPU by tests/test_fsdp.py's CLI runs)."""
+    _nccl_run_against_one_process(
+        tmp_path, {"max_steps": 2, "fsdp": "full_shard", "fsdp_config": {"mixed_precision": False}}
+    )
+
+
+def _nccl_run_against_one_process(tmp_path: Path, spec: dict) -> Path:
+    """Run ``spec`` in one process and on 2 GPUs (both agents on both ranks); check backend, devices, samples and
+    weights; return the 2-rank run's folder."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip(f"NCCL needs 2 GPUs; {torch.cuda.device_count() if torch.cuda.is_available() else 0} visible")
-    spec = {"max_steps": 2}
-    dist_worker.run(tmp_path / "ref", spec)  # one process: device 'auto' -> cuda
+    dist_worker.run(
+        tmp_path / "ref", {k: v for k, v in spec.items() if not k.startswith("fsdp")}
+    )  # one process on cuda
     driver = tmp_path / "driver.py"
     driver.write_text(NCCL_DRIVER.format(tests=str(TESTS)))
     out = tmp_path / "dp"
@@ -285,8 +304,6 @@ def test_nccl_data_parallel_two_gpus_equal_single_process(tmp_path):
     assert ran == [{"backend": "nccl", "devices": ["cuda:0"]}, {"backend": "nccl", "devices": ["cuda:1"]}]
     got, ref = saved_weights(out), saved_weights(tmp_path / "ref")
     assert {i: len(s) for i, s in got.items()} == {0: 2, 1: 2}
-    for i, (a, b) in got.items():
-        assert all(torch.equal(v, b[k]) for k, v in a.items()), i  # the all-reduce gave both replicas one gradient
     exact = [{k: v for k, v in h.items() if "/policy/" not in k} for h in history(out)]
     assert exact == [{k: v for k, v in h.items() if "/policy/" not in k} for h in history(tmp_path / "ref")]
     for mine, theirs in zip(history(out), history(tmp_path / "ref")):
@@ -296,3 +313,4 @@ def test_nccl_data_parallel_two_gpus_equal_single_process(tmp_path):
     # so a few coordinates may differ by ~1e-2 (gloo on CPU, this spec: 0.2% off by more than 1e-3, median 7e-6).
     diff = torch.cat([(v - ref[i][0][k]).abs().flatten() for i, (a, _) in got.items() for k, v in a.items()])
     assert (diff > 1e-3).float().mean() < 0.01 and diff.median() < 1e-4, (diff.max(), diff.median())
+    return out

@@ -102,7 +102,8 @@ def _bytes(out: Path) -> dict[int, list[dict]]:
     found: dict[int, list[dict]] = {}
     for path in sorted(out.glob("bytes.rank*.json")):
         for i, held in json.loads(path.read_text()).items():
-            found.setdefault(int(i), []).append(held)
+            if i != "peak_rss":
+                found.setdefault(int(i), []).append(held)
     return found
 
 
