@@ -66,15 +66,19 @@ def fsdp_memory(steps: int) -> None:
         "placement": {"0": [0, 1], "1": [0, 1]},
     }
     print(f"embedded SmolLM2-135M team (2 agents, full fine-tune, fp32) on 2 ranks, {steps} steps, 2 prompts x 2")
-    print(f"{'variant':<34}{'rank':>5}{'params GB':>11}{'AdamW GB':>10}{'peak RSS GB':>13}{'step s':>8}")
+    print(
+        f"{'variant':<28}{'rank':>5}{'params GB':>11}{'AdamW GB':>10}{'peak RSS GB':>13}{'step s':>8}{'generate':>10}"
+        f"{'loss':>7}{'optim':>7}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in (("replicated (data parallel)", {}), ("fsdp full_shard", {"fsdp": "full_shard"})):
             out = Path(tmp) / name.split()[0]
             t = run(2, 1, {**spec, **extra}, out)
             for r, m in enumerate(memory(out, 2)):
                 print(
-                    f"{name:<34}{r:>5}{m['params'] / 1e9:>11.3f}{m['optimizer'] / 1e9:>10.3f}"
-                    f"{m['peak_rss'] / 1e9:>13.2f}{t['time/step']:>8.2f}"
+                    f"{name:<28}{r:>5}{m['params'] / 1e9:>11.3f}{m['optimizer'] / 1e9:>10.3f}"
+                    f"{m['peak_rss'] / 1e9:>13.2f}{t['time/step']:>8.2f}{t['time/generate']:>10.2f}"
+                    f"{t['time/loss']:>7.2f}{t['time/optimizer']:>7.2f}"
                 )
 
 

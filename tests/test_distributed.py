@@ -20,6 +20,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Callable
 
 import dist_worker
 import pytest
@@ -227,24 +228,28 @@ def run_in_process(out: Path, spec: dict) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Lazily computed runs shared by the tests: 'ref' (one process, in-process) and 'ap' (2 ranks)."""
-    root = tmp_path_factory.mktemp("dist")
+def cached_runs(root: Path, ref_spec: dict, dist_spec: dict) -> Callable[[str], Path]:
+    """``get(name)``: 'ref' runs ``ref_spec`` in this process, any other name ``dist_spec`` on 2 ranks; each once."""
     cache: dict[str, Path] = {}
 
     def get(name: str) -> Path:
         if name not in cache:
             out = root / name
             if name == "ref":
-                run_in_process(out, SPEC)
+                run_in_process(out, ref_spec)
             else:
-                rc, log, _ = torchrun(2, out, SPEC)
+                rc, log, _ = torchrun(2, out, dist_spec)
                 assert rc == 0, log[-4000:]
             cache[name] = out
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Lazily computed runs shared by the tests: 'ref' (one process, in-process) and 'ap' (2 ranks)."""
+    return cached_runs(tmp_path_factory.mktemp("dist"), SPEC, SPEC)
 
 
 def test_agent_parallel_two_ranks_equal_single_process(runs):
@@ -331,19 +336,30 @@ CLI_DRIVER = textwrap.dedent("""
 """)
 
 
-def test_cli_under_torchrun_writes_each_file_once(tmp_path):
+def cli_under_torchrun(tmp_path: Path, sections: dict | None = None, **training) -> tuple[Path, str, str]:
+    """``comlrl train`` of the toy env with a saved tiny model on 2 ranks, 2 steps (``training``: more training
+    fields; ``sections``: top-level config keys to replace); returns (the run folder, the config's path, the log)."""
     import toy_env
 
     tiny = tmp_path / "tiny"
     tiny_model().save_pretrained(tiny)
     tiny_tokenizer().save_pretrained(tiny)
     rows = toy_env.write_rows(tmp_path / "rows.jsonl")
-    cfg = toy_env.write_config(tmp_path / "toy.yaml", rows, str(tiny), max_steps=2, save_steps=2)
+    cfg = toy_env.write_config(tmp_path / "toy.yaml", rows, str(tiny), max_steps=2, save_steps=2, **training)
+    if sections:
+        import yaml
+
+        Path(cfg).write_text(yaml.safe_dump({**yaml.safe_load(Path(cfg).read_text()), **sections}))
     driver = tmp_path / "driver.py"
     driver.write_text(CLI_DRIVER.format(tests=str(TESTS)))
     run_dir = tmp_path / "run"
     rc, log, _ = torchrun(2, tmp_path, {}, script=driver, args=["train", cfg, "--set", f"output_dir={run_dir}"])
     assert rc == 0, log[-4000:]
+    return run_dir, cfg, log
+
+
+def test_cli_under_torchrun_writes_each_file_once(tmp_path):
+    run_dir, cfg, log = cli_under_torchrun(tmp_path)
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert len(json.loads((run_dir / "run.json").read_text())["starts"]) == 1
     assert checkpoint.verify(run_dir / "checkpoint-2") is None

@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from test_distributed import TESTS, agent_weights, assert_same_weights, history, run_in_process, torchrun
-from tiny import tiny_model, tiny_tokenizer
+from test_distributed import (
+    agent_weights,
+    assert_same_weights,
+    cached_runs,
+    cli_under_torchrun,
+    history,
+    run_in_process,
+    torchrun,
+)
 
 from comlrl import checkpoint
 from comlrl.errors import ConfigError
@@ -76,21 +82,7 @@ def test_mesh_shapes():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Lazily computed runs shared by the tests: 'ref' (one process) and 'sharded' (2 ranks, both agents sharded)."""
-    root = tmp_path_factory.mktemp("fsdp")
-    cache: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in cache:
-            out = root / name
-            if name == "ref":
-                run_in_process(out, BASE)
-            else:
-                rc, log, _ = torchrun(2, out, SHARDED)
-                assert rc == 0, log[-4000:]
-            cache[name] = out
-        return cache[name]
-
-    return get
+    return cached_runs(tmp_path_factory.mktemp("fsdp"), BASE, SHARDED)
 
 
 def _same_samples(got: Path, ref: Path) -> None:
@@ -203,36 +195,10 @@ def test_lora_adapters_train_on_a_sharded_base_as_in_one_process(tmp_path):
     assert held["params"] < whole["params"]  # the frozen base is sharded; each rank holds half of it
 
 
-CLI_DRIVER = """
-import sys
-sys.path.insert(0, {tests!r})
-import torch, toy_env
-torch.set_num_threads(1)
-toy_env.register()
-from comlrl.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize("algorithm", ["magrpo", "iac", "maac"])
 def test_cli_trains_two_sharded_steps(tmp_path, algorithm):
-    import toy_env
-
-    tiny = tmp_path / "tiny"
-    tiny_model().save_pretrained(tiny)
-    tiny_tokenizer().save_pretrained(tiny)
-    rows = toy_env.write_rows(tmp_path / "rows.jsonl")
-    cfg = toy_env.write_config(
-        tmp_path / "toy.yaml", rows, str(tiny), max_steps=2, save_steps=2, fsdp="full_shard", placement=BOTH_ON_2
-    )
-    spec = yaml.safe_load(Path(cfg).read_text())
-    spec.update(algorithm=algorithm, evaluation={"before": False, "after": False})
-    Path(cfg).write_text(yaml.safe_dump(spec))
-    driver = tmp_path / "driver.py"
-    driver.write_text(CLI_DRIVER.format(tests=str(TESTS)))
-    run_dir = tmp_path / "run"
-    rc, log, _ = torchrun(2, tmp_path, {}, script=driver, args=["train", cfg, "--set", f"output_dir={run_dir}"])
-    assert rc == 0, log[-4000:]
+    sections = {"algorithm": algorithm, "evaluation": {"before": False, "after": False}}
+    run_dir, _, _ = cli_under_torchrun(tmp_path, sections, fsdp="full_shard", placement=BOTH_ON_2)
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert checkpoint.verify(run_dir / "checkpoint-2") is None
     assert (run_dir / "checkpoint-2" / "agent_1" / "sharded").is_dir()

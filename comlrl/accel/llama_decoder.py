@@ -58,6 +58,8 @@ def _check_llama_layout(base: nn.Module, max_len: int) -> None:
             raise Unsupported(f"attention/mlp submodules {sorted(extra)}")
     if any(not _harmless_hooks(h) for h in base.modules()):
         raise Unsupported("forward hooks")
+    if any(type(p).__name__ == "DTensor" for p in base.parameters()):
+        raise Unsupported("sharded weights (FSDP) that are not gathered")
 
 
 def window_exceeded(config: object, length: int) -> bool:
@@ -71,10 +73,15 @@ def window_exceeded(config: object, length: int) -> bool:
 
 
 def _harmless_hooks(module: nn.Module) -> bool:
-    """Whether the module's forward hooks (if any) leave its outputs' values alone: the only one known to is the
-    ``requires_grad`` switch transformers puts on the input embeddings for gradient checkpointing / PEFT."""
+    """Whether the module's forward hooks (if any) leave its outputs' values alone: the ``requires_grad`` switch
+    transformers puts on the input embeddings for gradient checkpointing / PEFT, and FSDP2's gather/free hooks (the
+    fast path reads the weights directly, so it runs only on gathered weights: see the DTensor check)."""
     hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
-    return all(getattr(h, "__name__", "") == "make_inputs_require_grads" for h in hooks)
+    return all(
+        getattr(h, "__name__", "") == "make_inputs_require_grads"
+        or type(getattr(h, "__self__", None)).__name__ == "FSDPState"
+        for h in hooks
+    )
 
 
 class LlamaDecoder:
