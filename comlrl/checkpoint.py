@@ -101,6 +101,11 @@ def write_parts(
                 state["optimizer"] = agent.optimizer.state_dict()
             torch.save(state, tmp / agent.name / "training_state.pt")
             _sync_tree(tmp / agent.name)
+    for critic in getattr(trainer, "critics", []):
+        if _critic_sharded(critic):  # every rank of its mesh writes its shards
+            folder = tmp / f"critic_{critic.index}" / sharding.SHARDED_DIR
+            sharding.save_sharded(critic.model, critic.optimizer, folder, team.critic_group(critic.reads))
+            _sync_tree(folder)
     critics = [c for c in getattr(trainer, "critics", []) if owns_critic is None or owns_critic(c.reads)]
     if critics:
         part = tmp / f"critics.rank{rank}.pt"
@@ -356,7 +361,16 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
         if len(saved) != expected:
             raise CheckpointError(f"checkpoint {path} has {len(saved)} critic(s), the trainer {expected}.")
         for critic in critics:
-            _load_critic(critic, saved[critic.index])
+            state = saved[critic.index]
+            if state.get("sharded"):  # DCP reshards to this run's ranks (or one whole critic)
+                group = team.critic_group(critic.reads) if _critic_sharded(critic) else None
+                folder = path / f"critic_{critic.index}" / sharding.SHARDED_DIR
+                sharding.load_sharded(critic.model, critic.optimizer, folder, group)
+                load_scheduler(critic.scheduler, state["scheduler"])
+            elif _critic_sharded(critic):
+                raise CheckpointError(f"{path}: critic {critic.index} was saved unsharded and is sharded in this run.")
+            else:
+                _load_critic(critic, state)
     trainer.state = dict(meta["state"])
     # checkpoints of format 1 counted rollouts as steps
     trainer.state.setdefault("rollouts", trainer.state["step"] * trainer.args.gradient_accumulation_steps)
@@ -405,8 +419,27 @@ def _critic_state(critic: Any) -> dict[str, Any]:
     The frozen parts (a LoRA critic's base, an actor backbone under a value head) are rebuilt from the
     model sources when the trainer is constructed, so they are not saved again.
     """
+    if _critic_sharded(critic):  # the weights and optimizer state are in critic_<index>/sharded/
+        return {"sharded": True, "scheduler": critic.scheduler.state_dict()}
     params = [p.detach().cpu().clone() for p in _optimized_params(critic.optimizer)]
     return {"params": params, "optimizer": critic.optimizer.state_dict(), "scheduler": critic.scheduler.state_dict()}
+
+
+def load_scheduler(scheduler: Any, state: dict[str, Any]) -> None:
+    """Restore an LR schedule whose optimizer may have another number of parameter groups than when it was saved (a
+    sharded critic keeps its shards and its whole value head in two groups, one process in one); every group
+    follows one schedule, so a per-group list of equal values is resized."""
+    groups = len(scheduler.optimizer.param_groups)
+    state = dict(state)
+    for key, value in state.items():
+        if isinstance(value, list) and value and len(value) != groups and all(v == value[0] for v in value):
+            state[key] = value[:1] * groups
+    scheduler.load_state_dict(state)
+
+
+def _critic_sharded(critic: Any) -> bool:
+    """Whether a critic's trainable weights include FSDP shards (its own backbone sharded with fsdp)."""
+    return any(sharding.is_shard(p) for p in _optimized_params(critic.optimizer))
 
 
 def _load_critic(critic: Any, state: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from . import checkpoint as ck
 from . import sharding
 from .accel.shapes import pad_tokens
+from .engine.generation import select_engine
 from .engine.rollout import Samples
 from .errors import ComlrlError, ConfigError
 
@@ -355,11 +356,12 @@ class DistTeam:
             )
         # with fsdp: an agent on several ranks is sharded over them (a device mesh each, built by every rank in order)
         self.meshes: dict[int, Any] = {}
+        self.world_mesh = None  # MAAC's centralized critic, on every rank: built when it is sharded (critic_mesh)
+        self.ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         if plan is not None:
-            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
             for i, ranks in enumerate(placement.ranks):
                 if len(ranks) > 1:
-                    self.meshes[i] = sharding.agent_mesh(ranks, plan, device.type, per_node)
+                    self.meshes[i] = sharding.agent_mesh(ranks, plan, device.type, self.ranks_per_node)
         if self.is_main:
             log.info(
                 "torchrun placement (%d ranks, %d agents, %d replica(s)): %s",
@@ -415,6 +417,36 @@ class DistTeam:
             return passes
         return max(self.all_gather(passes, f"count passes of agent {agent.index}", self.object_groups[agent.index]))
 
+    def critic_mesh(self, reads: int | None) -> Any:
+        """The mesh a critic is sharded over (agent ``reads``'s, or every rank for the centralized one); None when
+        it is not sharded. The first call for the centralized critic builds its mesh: every rank makes it."""
+        if reads is not None:
+            return self.meshes.get(reads)
+        if self.world_mesh is None and self.plan is not None:
+            ranks = tuple(range(self.world_size))
+            self.world_mesh = sharding.agent_mesh(ranks, self.plan, self.device.type, self.ranks_per_node)
+        return self.world_mesh
+
+    def shard_critic(self, backbone: Any, reads: int | None, bf16: bool) -> None:
+        """Shard a critic's own backbone like its agent (a LoRA critic: the frozen base; its adapters and the value
+        head stay whole and have their gradients summed)."""
+        mesh = self.critic_mesh(reads)
+        if mesh is None:
+            return
+        adapters = {p for p in backbone.parameters() if p.requires_grad} if hasattr(backbone, "peft_config") else set()
+        sharding.shard_model(backbone, mesh, self.plan, bf16, ignored=adapters)
+
+    def critic_group(self, reads: int | None) -> Any:
+        """The process group of a critic's copies: agent ``reads``'s ranks, or every rank (None: the default group)."""
+        return self.grad_groups.get(reads) if reads is not None else None
+
+    def lockstep_critic_passes(self, reads: int | None, passes: int) -> int:
+        """:meth:`lockstep_passes` for the critic that reads ``reads`` (the most passes any rank of its mesh runs)."""
+        if self.critic_mesh(reads) is None:
+            return passes
+        group = self.object_groups.get(reads) if reads is not None else self.objects
+        return max(self.all_gather(passes, f"count passes of critic {reads}", group))
+
     def owns(self, agent: Any) -> bool:
         """True on the rank that writes ``agent`` to disk: the rank of its replica 0."""
         return self.placement.ranks[agent.index][0] == self.rank
@@ -466,8 +498,13 @@ class DistTeam:
         """Generate this rank's agents on its replica's shard of ``nodes`` with ``generate_team`` (the loop's own,
         :func:`comlrl.trainers.episode.generate_team`); return every agent's samples, all nodes."""
         mine: dict[int, tuple[Samples, int]] = {}
-        # sharded agents decode with full weights, gathered on every rank of their mesh (rows or not)
-        with sharding.gathered([a.model for a in agents if a.index in self.meshes]):
+        # Sharded agents, on every rank of their mesh (rows or not): an engine with its own copy of the weights (vLLM)
+        # receives them weight by weight; the others decode from the module, its full weights gathered meanwhile.
+        sharded = [a.model for a in agents if a.index in self.meshes]
+        streamed = [m for m in sharded if getattr(select_engine(settings, m), "holds_weights", False)]
+        for model in streamed:
+            select_engine(settings, model).prepare(model, settings, autocast_dtype)
+        with sharding.gathered([m for m in sharded if m not in streamed]):
             if agents and self.replica is not None:
                 lo, hi = shard_bounds(len(nodes), self.placement.replicas)[self.replica]
                 if hi > lo:

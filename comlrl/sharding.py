@@ -210,6 +210,30 @@ def scale_gradients(params: list[torch.Tensor], factor: float) -> None:
             p.grad.mul_(factor)
 
 
+def is_shard(t: torch.Tensor) -> bool:
+    """True for a parameter FSDP split over a mesh (a DTensor)."""
+    return hasattr(t, "full_tensor")
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float | None) -> float:
+    """The gradients' total 2-norm (over whole tensors: a shard's norm is combined over its mesh), and with
+    ``max_norm`` the gradients scaled in place to at most that; for a mix of sharded and whole parameters."""
+    norms = []
+    for p in params:
+        if p.grad is not None:
+            n = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
+            norms.append(n.full_tensor() if is_shard(n) else n)
+    if not norms:
+        return 0.0
+    total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
+    if max_norm:
+        coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return float(total)
+
+
 def local_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes this rank holds of ``model``'s parameters, their gradients and the optimizer's state (local shards)."""
 
@@ -260,11 +284,17 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Pat
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
+    saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    missing = [k for k in model_state if f"model.{k}" not in saved]
+    if missing:
+        raise ValueError(f"{folder}: the saved model has no {missing[:5]} ({len(missing)} weights missing)")
     state = {"model": model_state, "optimizer": optim_state}
-    alone = group is None and not is_sharded(model)
+    alone = group is None and not any(is_shard(p) for p in model.parameters())  # this process reads it alone
+    # partial: a weight that never had a gradient (a critic backbone's LM head) has no optimizer state to restore
+    planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process reading: intended
-        dcp.load(state, checkpoint_id=str(folder), process_group=group, no_dist=alone)
+        dcp.load(state, checkpoint_id=str(folder), process_group=group, no_dist=alone, planner=planner)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 

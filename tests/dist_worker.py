@@ -59,11 +59,15 @@ def revise(prompts: list[str], agent_completions: list[str]) -> list[str]:
     return [f"{p} First try: {c[:8]} Again:" for p, c in zip(prompts, agent_completions)]
 
 
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A whole tensor: an FSDP shard gathered over its mesh (a collective), anything else as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def own_weights(agent) -> dict[str, torch.Tensor]:
     """The agent's weights: the whole model, or only its own LoRA adapter on a shared base."""
     if agent.adapter is None:  # a sharded agent's tensors are gathered (every rank of it calls this)
-        state = agent.model.state_dict().items()
-        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state}
+        return {k: full(v).detach().clone() for k, v in agent.model.state_dict().items()}
     return {k: v.detach().clone() for k, v in agent.model.named_parameters() if f".{agent.adapter}." in k}
 
 
@@ -147,7 +151,7 @@ def run(out: str | Path, spec: dict) -> dict:
     (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
     if kind != "magrpo":
         torch.save(
-            {c.index: [p.detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
+            {c.index: [full(p).detach().clone() for p in c.model.trainable_parameters()] for c in trainer.critics},
             out / f"critics.rank{rank}.pt",
         )
         (out / f"critic_rows.rank{rank}.json").write_text(json.dumps(getattr(trainer, "critic_rows", 0)))

@@ -22,6 +22,7 @@ from test_distributed import (
     assert_same_weights,
     cached_runs,
     cli_under_torchrun,
+    critic_params,
     history,
     run_in_process,
     torchrun,
@@ -195,6 +196,29 @@ def test_lora_adapters_train_on_a_sharded_base_as_in_one_process(tmp_path):
     assert held["params"] < whole["params"]  # the frozen base is sharded; each rank holds half of it
 
 
+def test_maac_critic_is_sharded_over_every_rank_and_resumes_in_one_process(tmp_path):
+    """MAAC's centralized critic (its own backbone) lives on every rank: sharded over all of them, its value head
+    whole (gradients summed). Actors and critic as in one process; its DCP checkpoint continues in one process."""
+    spec = {**BASE, "num_turns": 1, "trainer": "maac"}
+    run_in_process(tmp_path / "ref", spec)
+    rc, log, _ = torchrun(2, tmp_path / "sharded", {**spec, "fsdp": "full_shard", "placement": BOTH_ON_2})
+    assert rc == 0, log[-4000:]
+    assert_same_weights(agent_weights(tmp_path / "ref"), agent_weights(tmp_path / "sharded"), atol=FSDP_ATOL)
+    ref, got = critic_params(tmp_path / "ref")[0][0], critic_params(tmp_path / "sharded")[0]
+    assert len(got) == 2  # one copy per rank, gathered
+    for params in got:
+        for p, q in zip(params, ref, strict=True):
+            torch.testing.assert_close(p, q, atol=FSDP_ATOL, rtol=0)
+    ckpt = tmp_path / "sharded" / "run" / "checkpoint-2"
+    assert (ckpt / "critic_0" / "sharded").is_dir() and checkpoint.verify(ckpt) is None
+    shutil.copytree(tmp_path / "sharded" / "run", tmp_path / "one" / "run")
+    shutil.rmtree(tmp_path / "one" / "run" / "checkpoint-4")
+    run_in_process(tmp_path / "one", {**spec, "resume": True})
+    for p, q in zip(critic_params(tmp_path / "one")[0][0], got[0], strict=True):
+        torch.testing.assert_close(p, q, atol=FSDP_ATOL, rtol=0)
+    assert history(tmp_path / "one")[:2] == history(tmp_path / "sharded")[:2]
+
+
 @pytest.mark.parametrize("algorithm", ["magrpo", "iac", "maac"])
 def test_cli_trains_two_sharded_steps(tmp_path, algorithm):
     sections = {"algorithm": algorithm, "evaluation": {"before": False, "after": False}}
@@ -202,5 +226,7 @@ def test_cli_trains_two_sharded_steps(tmp_path, algorithm):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert checkpoint.verify(run_dir / "checkpoint-2") is None
     assert (run_dir / "checkpoint-2" / "agent_1" / "sharded").is_dir()
+    if algorithm != "magrpo":  # the critics' own backbones are sharded too
+        assert (run_dir / "checkpoint-2" / "critic_0" / "sharded").is_dir()
     for i in (0, 1):
         assert (run_dir / "final" / f"agent_{i}" / "model.safetensors").is_file()

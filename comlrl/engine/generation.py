@@ -96,6 +96,10 @@ class RolloutEngine(Protocol):
         """Whether this engine samples from ``model`` with the settings' semantics."""
         ...
 
+    # Optional: ``holds_weights = True`` and ``prepare(model, settings, autocast_dtype)`` for an engine that keeps its
+    # own copy of the weights (vLLM): prepare brings it up to date before a rollout. Engines without them read the
+    # module's weights in sample() (a sharded model's are gathered around the call: comlrl.sharding.gathered).
+
     def sample(
         self,
         model: PreTrainedModel,

@@ -26,7 +26,7 @@ import random
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,9 @@ def peft_adapters(model: Any) -> list[str]:
 
 def base_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of a model's weights under the names of its Hugging Face checkpoint: a PEFT model's base
-    weights without its LoRA factors (what vLLM's ``load_weights`` reads)."""
+    weights without its LoRA factors (what vLLM's ``load_weights`` reads). A sharded (FSDP) weight is gathered when
+    its turn comes, so a consumer that loads one at a time never holds a second full copy of the model (a collective:
+    every rank of the model's mesh must iterate together)."""
     peft = bool(peft_adapters(model))
     for name, param in model.named_parameters():
         if peft:
@@ -71,7 +73,7 @@ def base_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 continue
             name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             name = name.replace(".original_module.", ".")
-        yield name, param.detach()
+        yield name, (param.full_tensor() if hasattr(param, "full_tensor") else param).detach()
 
 
 def weight_versions(params: list[torch.Tensor]) -> tuple[int, ...]:
@@ -163,10 +165,9 @@ class SyncedEngine:
         """Push whatever changed since the last push: each LoRA adapter whose factors an optimizer step wrote, or
         a full model's weights."""
         if not self.adapters:
-            weights = list(base_weights(model))
-            versions = weight_versions([w for _, w in weights])
+            versions = weight_versions(list(model.parameters()))
             if versions != self.synced.get(""):
-                self.push_weights(weights)
+                self.push_weights(base_weights(model))
                 self.synced[""] = versions
             return
         for name in self.adapters:
@@ -183,8 +184,8 @@ class SyncedEngine:
                 shutil.rmtree(old.path, ignore_errors=True)
             self.synced[name] = weight_versions(params)
 
-    def push_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights by ``weights`` (checkpoint names)."""
+    def push_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights by ``weights`` (checkpoint names), taken one at a time."""
         raise NotImplementedError
 
     def load_adapter(self, version: AdapterVersion) -> None:
@@ -252,7 +253,7 @@ class ColocatedEngine(SyncedEngine):
         self.sleeping = False
         self.sleep_between_rollouts = bool(kwargs["enable_sleep_mode"])
         if self.adapters:  # a LoRA team's base once; its adapters (and a full model's weights) through sync()
-            self.push_weights(list(base_weights(model)))
+            self.push_weights(base_weights(model))
 
     def sync(self, model: PreTrainedModel) -> None:
         self.wake()  # weights reach a sleeping engine's offloaded copy otherwise, and are lost when it wakes
@@ -265,7 +266,7 @@ class ColocatedEngine(SyncedEngine):
                 self.llm.wake_up()
             self.sleeping = False
 
-    def push_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def push_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         with vllm_process_guard():
             # in place, through vLLM's reload path: it re-runs the weight processing (e.g. CPU kernels' repacking)
             # that a bare load_weights after start-up would skip
@@ -352,6 +353,7 @@ class VLLMEngine:
 
     name = "vllm"
     runs_in_threads = False  # one vLLM call per model, one after another: the engine batches rows itself
+    holds_weights = True  # each engine keeps its own copy of the weights, brought up to date by prepare()
 
     def __init__(self) -> None:
         self.engines: weakref.WeakKeyDictionary[torch.nn.Module, SyncedEngine] = weakref.WeakKeyDictionary()
@@ -372,6 +374,12 @@ class VLLMEngine:
             self.engines[model] = engine
             weakref.finalize(model, engine.close)
         return engine
+
+    def prepare(self, model: PreTrainedModel, settings: Any, autocast_dtype: torch.dtype | None = None) -> None:
+        """Start ``model``'s engine if needed and push what changed since the last rollout (for a sharded model a
+        collective, weight by weight: every rank of its mesh calls it, rows to generate or not)."""
+        options = settings.vllm or VLLMOptions()
+        self.engine_for(model, options, autocast_dtype or next(model.parameters()).dtype).sync(model)
 
     def sample(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .. import sharding
 from ..algorithms.advantages import clip_rewards, normalize, tree_gae
 from ..algorithms.losses import value_loss
 from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
@@ -116,6 +117,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             with seeded(derive_seed(self.args.seed, "critic head", 0 if r is None else r)):  # as in one process
                 model = ValueModel(agent.model, detach_backbone=True) if backbone is None else ValueModel(backbone)
             model.to(self.device)
+            if self.dist is not None and backbone is not None:  # with fsdp: sharded like the agent it serves
+                self.dist.shard_critic(model.backbone, r, bool(self.args.bf16))
             tok = load_tokenizer(tok) if tok is not None else agent.tokenizer
             opt, sched = build_optimizer(
                 model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates
@@ -187,6 +190,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             ids, mask = encode_texts(critic.tokenizer, flat, self.args.max_prompt_length)
             shard, shards = self._critic_shard(critic)[:2]
             lo, hi = shard_bounds(len(flat), shards)[shard]
+            chunk = self.args.forward_batch_size or max(hi - lo, 1)
+            self._idle_passes(critic, -(-(hi - lo) // chunk), backward=False)
             values = self._forward_values(critic, ids[lo:hi], mask[lo:hi]).cpu() if hi > lo else torch.empty(0)
             mine[critic.index] = {shard: values}
             encoded.append((texts, ids, mask))
@@ -203,6 +208,19 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 per_turn = [v.view(-1, self.args.num_generations).mean(dim=-1) for v in per_turn]
             out.append((per_turn, CriticBatch(ids, mask, values, torch.empty(0))))
         return out
+
+    def _idle_passes(self, critic: Critic, passes: int, backward: bool) -> None:
+        """Under fsdp, the zero-weight one-token passes that bring this rank's count of ``critic`` forwards (and
+        backwards) to the most any rank of its mesh runs (each is a collective there)."""
+        if self.dist is None:
+            return
+        for _ in range(self.dist.lockstep_critic_passes(critic.reads, passes) - passes):
+            ids = torch.ones(1, 1, dtype=torch.long)
+            if backward:
+                (self._forward_values(critic, ids, ids).sum() * 0.0).backward()
+            else:
+                with torch.no_grad():
+                    self._forward_values(critic, ids, ids)
 
     def _critic_shard(self, critic: Critic) -> tuple[int, int, Any, Any]:
         """(shard, shard count, gradient group, object group) of a critic's rows: see DistTeam.critic_shard."""
@@ -241,6 +259,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
         shard, shards, group, object_group = self._critic_shard(critic)
         chunk = self.args.forward_batch_size or max(total, 1)
         loss_sum = 0.0
+        bounds = [shard_bounds(b.ids.shape[0], shards)[shard] for b in batches]
+        self._idle_passes(critic, sum(-(-(end - first) // chunk) for first, end in bounds), backward=True)
         for b in batches:
             first, end = shard_bounds(b.ids.shape[0], shards)[shard]  # this copy's rows (all of them in one process)
             for lo in range(first, end, chunk):
@@ -251,11 +271,18 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 loss.backward()
                 loss_sum += float(loss.detach())
         params = critic.model.trainable_parameters()
+        whole = [p for p in params if not sharding.is_shard(p)]  # sharded ones were reduced (averaged) by FSDP
+        if len(whole) < len(params):
+            sharding.scale_gradients(
+                [p for p in params if sharding.is_shard(p)], self.dist.critic_mesh(critic.reads).size()
+            )
         if group is not None:  # the sum of the shards' gradients is the full-batch gradient
             loss_sum = self.dist.sum_gradients(
-                params, {"loss": loss_sum}, group, object_group, f"critic {critic.index}"
+                whole, {"loss": loss_sum}, group, object_group, f"critic {critic.index}"
             )["loss"]
-        if self.args.critic_max_grad_norm:
+        if self.args.critic_max_grad_norm and len(whole) < len(params):
+            sharding.clip_grad_norm_(params, self.args.critic_max_grad_norm)
+        elif self.args.critic_max_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, self.args.critic_max_grad_norm)
         critic.optimizer.step()
         critic.scheduler.step()

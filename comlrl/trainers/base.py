@@ -127,8 +127,6 @@ class MultiAgentTrainer(PolicyUpdate):
         plan = sharding.sharding_plan(self.args.fsdp, self.args.fsdp_config)
         if plan is not None and self.dist is None:
             log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", self.args.fsdp)
-        if plan is not None and self.args.use_vllm:
-            raise ConfigError("fsdp with use_vllm is not supported yet: the vLLM engines take unsharded agents.")
         if plan is not None and plan.activation_checkpointing:
             self.args.gradient_checkpointing = True
         self.device = self.dist.device if self.dist else resolve_device(self.args.device)

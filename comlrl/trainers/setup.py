@@ -163,8 +163,11 @@ def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> t
     """AdamW over an agent's trainable parameters, and the LR schedule over ``total_updates`` optimizer steps."""
     if not params:
         raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
+    # FSDP shards (DTensors) and whole tensors (a sharded critic's value head) cannot share a fused/foreach kernel call
+    shards = [p for p in params if hasattr(p, "full_tensor")]
+    groups = [{"params": shards}, {"params": [p for p in params if not hasattr(p, "full_tensor")]}]
     opt = torch.optim.AdamW(
-        params,
+        groups if 0 < len(shards) < len(params) else params,
         lr=lr,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
