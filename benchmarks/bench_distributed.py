@@ -41,7 +41,7 @@ def memory(out: Path, nproc: int) -> list[dict]:
     rows = []
     for r in range(nproc):
         held = json.loads((out / f"bytes.rank{r}.json").read_text())
-        agents = [v for k, v in held.items() if k != "peak_rss"]
+        agents = [v for k, v in held.items() if k.isdigit()]
         rows.append(
             {
                 "params": sum(v["params"] for v in agents),

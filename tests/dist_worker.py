@@ -12,7 +12,8 @@ fields: a LoRA team on one shared base per process), and the test hooks ``die_at
 step, or that rank's reward function raises during that step (only rank 0 computes rewards); ``kill_at``: that rank
 sends itself SIGKILL. Each rank writes
 ``OUT/weights.rank<r>.pt`` ({agent index: its own weights} of its agents), ``OUT/bytes.rank<r>.json`` ({agent
-index: bytes of parameters, gradients and optimizer state held by this rank; "peak_rss": the process's peak RSS}), ``OUT/history.rank<r>.json`` (the
+index: bytes of parameters, gradients and optimizer state held by this rank; "peak_rss": the process's peak RSS;
+"checkpointing": whether its agents recompute activations in backward}), ``OUT/history.rank<r>.json`` (the
 trainer's metrics per step plus ``time/step``, the wall time of the step) and ``OUT/final`` (save_model at the
 end); actor-critic runs add
 ``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank) and
@@ -146,7 +147,10 @@ def run(out: str | Path, spec: dict) -> dict:
     torch.save({a.index: own_weights(a) for a in trainer.agents}, out / f"weights.rank{rank}.pt")
     held = {a.index: local_bytes(a.model, a.optimizer) for a in trainer.agents}
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    (out / f"bytes.rank{rank}.json").write_text(json.dumps({**held, "peak_rss": peak_rss}))
+    checkpointing = all(getattr(a.model, "_comlrl_checkpointing", False) for a in trainer.agents)
+    (out / f"bytes.rank{rank}.json").write_text(
+        json.dumps({**held, "peak_rss": peak_rss, "checkpointing": checkpointing})
+    )
     trainer.save_model(str(out / "final"))  # a sharded agent: gathered into one from_pretrained folder
     (out / f"history.rank{rank}.json").write_text(json.dumps(result["history"]))
     if kind != "magrpo":

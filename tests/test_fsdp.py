@@ -95,7 +95,7 @@ def _bytes(out: Path) -> dict[int, list[dict]]:
     found: dict[int, list[dict]] = {}
     for path in sorted(out.glob("bytes.rank*.json")):
         for i, held in json.loads(path.read_text()).items():
-            if i != "peak_rss":
+            if i.isdigit():
                 found.setdefault(int(i), []).append(held)
     return found
 
@@ -194,6 +194,18 @@ def test_lora_adapters_train_on_a_sharded_base_as_in_one_process(tmp_path):
     _same_samples(tmp_path / "sharded", tmp_path / "ref")
     held, whole = _bytes(tmp_path / "sharded")[0][0], _bytes(tmp_path / "ref")[0][0]
     assert held["params"] < whole["params"]  # the frozen base is sharded; each rank holds half of it
+
+
+def test_activation_checkpointing_composes_with_sharding(tmp_path):
+    """fsdp_config.activation_checkpointing (= gradient_checkpointing): backward recomputes each layer's forward,
+    which gathers its shards again; the update is one process's with checkpointing (measured 1.6e-6)."""
+    spec = {**BASE, "max_steps": 2, "num_turns": 1, "gradient_checkpointing": True}
+    run_in_process(tmp_path / "ref", spec)
+    sharded = {**BASE, "max_steps": 2, "num_turns": 1, "fsdp": "full_shard", "placement": BOTH_ON_2}
+    rc, log, _ = torchrun(2, tmp_path / "sharded", {**sharded, "fsdp_config": {"activation_checkpointing": True}})
+    assert rc == 0, log[-4000:]
+    assert_same_weights(agent_weights(tmp_path / "ref"), agent_weights(tmp_path / "sharded"), atol=FSDP_ATOL)
+    assert all(json.loads(p.read_text())["checkpointing"] for p in (tmp_path / "sharded").glob("bytes.rank*.json"))
 
 
 def test_maac_critic_is_sharded_over_every_rank_and_resumes_in_one_process(tmp_path):
