@@ -1,4 +1,4 @@
-"""FSDP2 sharding of an agent over its ranks under torchrun (``fsdp="full_shard"``; see docs/distributed.md).
+"""FSDP2 sharding of an agent over its ranks under torchrun (``fsdp="full_shard"``; see docs/fsdp.md).
 
 Without ``fsdp`` an agent placed on k ranks is replicated k times (:mod:`comlrl.distributed`). With it, the agent's
 ranks form a device mesh and ``torch.distributed.fsdp.fully_shard`` splits its parameters, gradients and AdamW state
@@ -183,20 +183,20 @@ def gathered(models: list[nn.Module]) -> Iterator[None]:
     from torch.distributed.fsdp import FSDPModule
 
     roots = [m for m in dict.fromkeys(models) if is_sharded(m)]
-    units = [(u, u is root) for root in roots for u in root.modules() if isinstance(u, FSDPModule)]
+    units = [u for root in roots for u in root.modules() if isinstance(u, FSDPModule)]
     kept = {}
-    for unit, _ in units:
+    for unit in units:
         state = unit._get_fsdp_state()._fsdp_param_group
         kept[id(unit)] = state.post_forward_mesh_info if state is not None else None
         unit.set_reshard_after_forward(False, recurse=False)  # forwards inside the block keep the weights
-    handles = [u.unshard(async_op=True) for u, _ in units]
+    handles = [u.unshard(async_op=True) for u in units]
     for h in handles:
         if h is not None:
             h.wait()
     try:
         yield
     finally:
-        for unit, _ in units:
+        for unit in units:
             unit.reshard()
             group = unit._get_fsdp_state()._fsdp_param_group
             if group is not None:  # as it was: FSDP keeps the root's weights gathered between forward and backward

@@ -30,7 +30,7 @@ from test_distributed import (
 
 from comlrl import checkpoint
 from comlrl.errors import ConfigError
-from comlrl.sharding import ShardingPlan, mesh_shape, sharding_plan
+from comlrl.sharding import ShardingPlan, clip_grad_norm_, mesh_shape, sharding_plan
 
 FSDP_ATOL = 5e-5
 BASE = {"max_steps": 4, "save_steps": 2, "num_turns": 2, "per_device_train_batch_size": 3, "bf16": False}
@@ -75,6 +75,15 @@ def test_mesh_shapes():
     assert mesh_shape(4, ShardingPlan(hybrid=True, shard_size=2), 8) == (2, 2)
     with pytest.raises(ConfigError, match="shard groups of 3 ranks"):
         mesh_shape(4, ShardingPlan(hybrid=True, shard_size=3), 8)
+
+
+def test_clip_grad_norm_over_whole_tensors_by_hand():
+    a, b, c = (torch.zeros(2, requires_grad=True) for _ in range(3))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0])  # c has no gradient
+    assert clip_grad_norm_([a, b, c], None) == pytest.approx(5.0) and a.grad[0] == 3.0  # measured, not clipped
+    assert clip_grad_norm_([a, b, c], 1.0) == pytest.approx(5.0)
+    torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.0, 0.8]), rtol=1e-5, atol=0)
+    assert clip_grad_norm_([a, b], 10.0) == pytest.approx(1.0, rel=1e-5) and b.grad[1] == pytest.approx(0.8, rel=1e-5)
 
 
 # --- jobs -----------------------------------------------------------------------------------------

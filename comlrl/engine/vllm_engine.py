@@ -35,6 +35,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import ConfigError
+from ..sharding import is_shard
 from .team import adapter_weights
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted max_lora_rank values
@@ -73,7 +74,7 @@ def base_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 continue
             name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             name = name.replace(".original_module.", ".")
-        yield name, (param.full_tensor() if hasattr(param, "full_tensor") else param).detach()
+        yield name, (param.full_tensor() if is_shard(param) else param).detach()
 
 
 def weight_versions(params: list[torch.Tensor]) -> tuple[int, ...]:

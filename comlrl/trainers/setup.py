@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from ..engine.models import copy_model, load_model, load_tokenizer
 from ..errors import ConfigError, FormatterError
+from ..sharding import is_shard
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,8 @@ def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> t
     if not params:
         raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
     # FSDP shards (DTensors) and whole tensors (a sharded critic's value head) cannot share a fused/foreach kernel call
-    shards = [p for p in params if hasattr(p, "full_tensor")]
-    groups = [{"params": shards}, {"params": [p for p in params if not hasattr(p, "full_tensor")]}]
+    shards = [p for p in params if is_shard(p)]
+    groups = [{"params": shards}, {"params": [p for p in params if not is_shard(p)]}]
     opt = torch.optim.AdamW(
         groups if 0 < len(shards) < len(params) else params,
         lr=lr,

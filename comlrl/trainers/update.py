@@ -282,7 +282,7 @@ class PolicyUpdate:
             norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a norm over the mesh
+        norm = float(norm.full_tensor() if sharding.is_shard(norm) else norm)  # sharded: a norm over the mesh
         agent.optimizer.step()
         agent.scheduler.step()
         agent.optimizer.zero_grad(set_to_none=True)
