@@ -35,10 +35,12 @@ class TrainConfig:
     """
 
     # --- run ---
-    output_dir: str = help_field(
-        "output",
-        "Directory for checkpoints, metrics and final models. A directory that holds "
-        "another run's metrics is refused unless overwrite_output_dir or resuming.",
+    output_dir: str | None = help_field(
+        None,
+        "Directory for checkpoints, metrics and final models. None: each run gets a fresh "
+        "output/<trainer>-<YYYYmmdd-HHMMSS> (logged), so two runs in one script or notebook never meet; name it to "
+        "resume a run. A named directory that holds another run's metrics is refused unless overwrite_output_dir "
+        "or resuming. (TRL's default is one fixed folder.)",
     )
     overwrite_output_dir: bool = help_field(
         False, "Replace the metrics of a previous run in output_dir instead of refusing it."

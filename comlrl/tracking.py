@@ -18,6 +18,7 @@ installed logs a warning once and is skipped, never stopping a run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -190,6 +191,21 @@ def _remove_previous(folder: Path) -> None:
         path.unlink()
     for path in dirs:
         shutil.rmtree(path)
+
+
+def fresh_output_dir(name: str, root: str | os.PathLike = "output") -> str:
+    """A new, empty run folder ``root/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when that one exists), created
+    here so that two runs started in the same second still get their own."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        folder = Path(root) / (f"{name}-{stamp}" if n == 1 else f"{name}-{stamp}-{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return str(folder)
+    raise AssertionError("unreachable")
 
 
 def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any]:

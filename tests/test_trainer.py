@@ -1,6 +1,9 @@
 """Behaviour of the training loop on tiny models: quick start, seeding, multi-turn, cross mode, eval, saving."""
 
+import dataclasses
 import json
+import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ from tiny import tiny_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from comlrl.config import MAGRPOConfig
+from comlrl.errors import ConfigError
 from comlrl.trainers.base import FrozenLogprobs
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
@@ -63,8 +67,39 @@ def test_quickstart_runs_unchanged_apart_from_model_and_dataset(tiny_dir, shared
     trainer.train()
     # ---
     assert trainer.state["step"] == 2
-    lines = (tmp_path / "output" / "metrics.jsonl").read_text().splitlines()
+    run_dir = Path(trainer.args.output_dir)  # no output_dir named: a fresh output/magrpo-<time>
+    assert run_dir.parent == Path("output") and run_dir.name.startswith("magrpo-")
+    lines = (tmp_path / run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and "reward/mean" in json.loads(lines[0])
+
+
+def test_runs_without_a_named_output_dir_get_fresh_folders(tiny_dir, tmp_path, monkeypatch, caplog):
+    """Two trainers in one script (or the same quick start run twice) without output_dir: each its own folder, named
+    in the log; a named folder that holds another run is still refused; resuming asks for the folder by name."""
+    monkeypatch.chdir(tmp_path)
+    args = MAGRPOConfig(
+        max_steps=1, per_device_train_batch_size=2, num_generations=2, max_new_tokens=4, disable_tqdm=True
+    )
+    folders = []
+    for _ in range(2):
+        with caplog.at_level(logging.INFO, logger="comlrl.trainers.base"):
+            t = MAGRPOTrainer(
+                agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=length_reward, args=args
+            )
+        t.train()
+        folders.append(Path(t.args.output_dir))
+        assert f"this run writes to {t.args.output_dir}" in caplog.text
+        assert (folders[-1] / "metrics.jsonl").is_file()
+    assert folders[0] != folders[1] and {f.parent for f in folders} == {Path("output")}
+    assert args.output_dir is None  # the caller's config is left as given
+    named = dataclasses.replace(args, output_dir=str(folders[0]))
+    with pytest.raises(ConfigError, match="already holds metrics.jsonl"):
+        MAGRPOTrainer(
+            agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=length_reward, args=named
+        ).train()
+    fresh = MAGRPOTrainer(agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=length_reward, args=args)
+    with pytest.raises(ConfigError, match="Set output_dir to the folder of the run to continue"):
+        fresh.train(resume_from_checkpoint=True)
 
 
 def test_agent_model_spelling_and_default_prompt_column(tiny_dir):

@@ -35,7 +35,7 @@ from ..engine.sampling import derive_seed
 from ..engine.team import adapter_parameters, build_lora_team
 from ..engine.vllm_engine import VLLMOptions
 from ..errors import ConfigError
-from ..tracking import Tracker
+from ..tracking import Tracker, fresh_output_dir
 from .episode import Episode, check_transition, episode_advantages, generate_team, root_nodes, run_episode
 from .metrics import episode_metrics, mean_metrics, merge_evaluation
 from .setup import (
@@ -129,6 +129,11 @@ class MultiAgentTrainer(PolicyUpdate):
             log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", self.args.fsdp)
         if plan is not None and plan.activation_checkpointing:
             self.args.gradient_checkpointing = True
+        self.output_dir_named = self.args.output_dir is not None
+        if not self.output_dir_named:  # one fresh folder per run, the same on every rank
+            name = type(self).__name__.removesuffix("Trainer").lower()
+            self.args.output_dir = distributed.run_once(fresh_output_dir, name)
+            log.info("output_dir not set: this run writes to %s", self.args.output_dir)
         self.device = self.dist.device if self.dist else resolve_device(self.args.device)
         if self.args.bf16 is None:
             self.args.bf16 = default_bf16(self.device)
@@ -367,6 +372,7 @@ class MultiAgentTrainer(PolicyUpdate):
             if resume_from_checkpoint is None:
                 raise ConfigError(
                     f"train(resume_from_checkpoint=True): no checkpoint in output_dir '{self.args.output_dir}'."
+                    + ("" if self.output_dir_named else " Set output_dir to the folder of the run to continue.")
                 )
         resuming = resume_from_checkpoint not in (None, False)
         if resuming:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -37,6 +38,7 @@ from ..engine.reward_model import (
 )
 from ..engine.sampling import derive_seed
 from ..errors import ConfigError
+from ..tracking import fresh_output_dir
 from .actor_critic import IACTrainer, MAACTrainer
 from .base import MultiAgentTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
@@ -121,6 +123,10 @@ class MARLHFTrainer:
             raise ConfigError(f"MARLHFTrainer needs args=MARLHFConfig(...), got {type(args).__name__}.")
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError("MARLHFTrainer does not run under torchrun yet; launch it as one process.")
+        if args.output_dir is None:  # one fresh folder for all three stages (pairs, reward model, RL)
+            args = copy.deepcopy(args)  # the caller's config stays as given
+            args.output_dir = fresh_output_dir("marlhf")
+            log.info("output_dir not set: this run writes to %s", args.output_dir)
         self.args = args
         if args.preferences == "online" and reward_func is None:
             raise ConfigError("MARLHF with preferences='online' labels the candidates with reward_func=; pass it.")
