@@ -336,8 +336,10 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, metrics_dir: str | os
     team = getattr(trainer, "dist", None)
     for agent in trainer.agents:
         folder = path / agent.name
-        states = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
         sharded = team is not None and team.sharded(agent)
+        # the optimizer state straight onto the agent's device (agent_devices); a sharded agent's is in its DCP shards
+        device = "cpu" if sharded or not agent.params else agent.params[0].device
+        states = torch.load(folder / "training_state.pt", map_location=device, weights_only=False)
         if (folder / sharding.SHARDED_DIR).is_dir():  # DCP reshards to this run's ranks (or one whole model)
             group = team.grad_groups[agent.index] if sharded else None
             sharding.load_sharded(agent.model, agent.optimizer, folder / sharding.SHARDED_DIR, group)

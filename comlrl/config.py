@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from .algorithms.advantages import JOINT_MODES
 from .algorithms.losses import LOSS_NORMALIZATIONS
 from .config_fields import config_class, help_field, suggest
@@ -16,7 +18,8 @@ from .errors import ConfigError
 from .sharding import sharding_plan
 
 ADVANTAGE_MODES = ("none", "mean", "loo", "max")
-SCALE_MODES = ("none", "group", "batch")
+SCALE_MODES = ("none", "group", "batch", "standardize")
+TERMINATION_SCOPES = ("branch", "node")
 SCALE_BOOLS = {True: "group", False: "none"}  # TRL's scale_rewards=True / False
 TURN_WEIGHTINGS = ("samples", "turns")
 LOSS_TYPES = tuple(LOSS_NORMALIZATIONS)
@@ -61,6 +64,15 @@ class TrainConfig:
     )
     shuffle: bool = help_field(True, "Shuffle the training rows each epoch (seeded).")
     device: str = help_field("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    agent_devices: list | None = help_field(
+        None,
+        "One device per agent ('cuda:0', 'cuda:1', 'cpu', ...), all in one process: agent i's model, its optimizer "
+        "state, its reference copy and (actor-critic) its critic live on agent_devices[i] (MAAC's one critic with its "
+        "own backbone on `device`); rewards and advantages are computed on CPU / the trainer device. None: every "
+        "agent on `device`. With peft_config and share_base, agents share a LoRA base only with agents on the same "
+        "device (each device gets its own copy). Its length must be the team's number of agents. Under torchrun use "
+        "placement instead. On GPUs the team's rollouts still run one agent after the other.",
+    )
     # --- optimisation ---
     learning_rate: float = help_field(1e-5, "AdamW learning rate for every agent.")
     agent_learning_rate: float | None = help_field(None, "comlrl name for learning_rate; must agree if both are set.")
@@ -109,6 +121,18 @@ class TrainConfig:
     discount: float = help_field(0.9, "Discount of child returns in the multi-turn rollout tree.")
     termination_threshold: float | None = help_field(
         None, "Stop expanding a branch whose reward reaches this value (None = never; off by default)."
+    )
+    termination_scope: str = help_field(
+        "branch",
+        f"One of {TERMINATION_SCOPES}. 'branch': a joint action whose reward is >= termination_threshold gets no "
+        "next turn; 'node': a node none of whose joint actions get a next turn once the mean reward of its joint "
+        "actions is > termination_threshold (the reference library's early_termination_threshold).",
+    )
+    format_transition_prompts: bool = help_field(
+        False,
+        "Multi-turn: pass each agent's next prompt from external_transition through that agent's formatter, as "
+        "the dataset row's 'prompt' column, instead of using it as it is (the reference library formats it unless "
+        "external_prompt_passthrough=True).",
     )
     # --- evaluation and logging ---
     eval_steps: int = help_field(0, "Evaluate every N steps (0 = only when evaluate() is called).")
@@ -304,10 +328,37 @@ class TrainConfig:
             *self._vllm_checks(),
         ]
         self._check_all(checks)
+        self._check_agent_devices()
         sharding_plan(self.fsdp, self.fsdp_config)  # raises a ConfigError naming a bad option or key
         self._check_choice("vllm_mode", VLLM_MODES)
+        self._check_choice("termination_scope", TERMINATION_SCOPES)
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+
+    def _check_agent_devices(self) -> None:
+        """agent_devices: None or a non-empty list of device names torch.device parses (the count, the devices'
+        presence and torchrun are checked by the trainer, which knows the team)."""
+        devices = self.agent_devices
+        if devices is None:
+            return
+        name = f"{type(self).__name__}.agent_devices={devices!r}"
+        if isinstance(devices, str) or not isinstance(devices, (list, tuple)) or not devices:
+            raise ConfigError(f"{name}: must be a list with one device per agent, e.g. ['cuda:0', 'cuda:1'].")
+        for i, d in enumerate(devices):
+            if not isinstance(d, str):
+                raise ConfigError(f"{name}: entry {i} (agent {i}) is {type(d).__name__}, not a device name str.")
+            try:
+                torch.device(d)
+            except (RuntimeError, ValueError) as exc:
+                raise ConfigError(
+                    f"{name}: entry {i} (agent {i}) {d!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {exc}"
+                ) from None
+        if self.use_vllm:
+            raise ConfigError(
+                f"{name}: vLLM rollouts (use_vllm) take no per-agent devices yet; set agent_devices=None, or "
+                "use_vllm=False (comlrl's decode loop runs on each agent's device)."
+            )
+        self.agent_devices = list(devices)
 
     def _vllm_checks(self) -> list[tuple[bool, str, str]]:
         """(ok, field name, why) of the vLLM fields but vllm_mode (checked whether or not use_vllm is on)."""
@@ -431,7 +482,9 @@ class MAGRPOConfig(PolicyConfig):
     scale_rewards: str | bool = help_field(
         "none",
         f"Divide advantages by the std of the group or batch: {SCALE_MODES}; TRL's True means 'group', "
-        "False 'none'. The default differs from TRL's (group): without it the four baselines give different updates.",
+        "False 'none'. 'standardize': (A - group mean of A) / group std, the reference library's "
+        "advantage_normalization (every baseline then gives the same update). The default differs from TRL's "
+        "(group): without it the four baselines give different updates.",
     )
 
     def __post_init__(self) -> None:
@@ -534,7 +587,9 @@ class MAACConfig(ActorCriticConfig):
 
 PREFERENCE_SOURCES = ("online", "dataset")
 PAIR_SELECTIONS = ("reward_gap", "all", "random")
-COMPARATORS = ("current", "initial", "history", "model")
+COMPARATORS = ("current", "initial", "history", "model", "api")
+COMPARATOR_GENERATIONS = ("decentralized", "centralized")  # how a text comparator ('model', 'api') answers
+COMPARATOR_API_FORMATS = ("generic", "openai", "anthropic", "openai_responses")  # engine.api_client.API_FORMATS
 REPLAY_MODES = ("current", "last_k", "all", "decay")
 DPO_LOSS_TYPES = ("sigmoid", "ipo")
 
@@ -623,7 +678,8 @@ class MADPOConfig(PreferenceConfig):
         f"Where the other side of a pair comes from: one of {COMPARATORS}. 'current': all num_generations candidates "
         "from the team; 'initial': num_generations from the team and as many from a frozen copy of the starting "
         "team, pairs only across the two; 'history': the same with the team of comparator_lag rounds back; "
-        "'model': the same with comparator_model answering for every agent.",
+        "'model': the same with comparator_model answering for every agent; 'api': the same with an HTTP endpoint "
+        "(comparator_api_url) answering for every agent.",
     )
     comparator_model: str | None = help_field(
         None,
@@ -631,6 +687,51 @@ class MADPOConfig(PreferenceConfig):
         "are re-tokenized with each agent's tokenizer for the loss.",
     )
     comparator_lag: int = help_field(1, "comparator='history': how many rounds back the comparator team is.")
+    comparator_generation: str = help_field(
+        "decentralized",
+        f"comparator='model' or 'api': one of {COMPARATOR_GENERATIONS}. 'decentralized': the comparator answers each "
+        "agent's prompt on its own; 'centralized': one prompt holding every agent's prompt "
+        "(comlrl.algorithms.preference.centralized_prompt) asks for all the answers in one completion, "
+        "<agent_1>...</agent_1> ... <agent_N>...</agent_N>, split by role (within max_new_tokens for all of them); a "
+        "completion that does not parse is dropped from pairing and counted in comparator/parse_failures (the "
+        "reference library's comparator_generation_mode).",
+    )
+    comparator_api_url: str | None = help_field(
+        None,
+        "comparator='api': the endpoint, path included, POSTed to as given (e.g. "
+        "https://api.openai.com/v1/chat/completions, https://api.anthropic.com/v1/messages).",
+    )
+    comparator_api_format: str = help_field(
+        "openai",
+        f"comparator='api': the request and response shape, one of {COMPARATOR_API_FORMATS}: OpenAI Chat Completions, "
+        "Anthropic Messages, OpenAI Responses, or generic ({prompt, n, max_new_tokens, temperature, top_p} -> "
+        "{completions: [...]}); see comlrl.engine.api_client.",
+    )
+    comparator_api_model: str | None = help_field(None, "comparator='api': the model name sent in each request.")
+    comparator_api_key_env: str | None = help_field(
+        None,
+        "comparator='api': the NAME of the environment variable holding the API key (e.g. OPENAI_API_KEY), read when "
+        "the trainer is built; sent as 'Authorization: Bearer <key>' ('x-api-key' for anthropic). None: no key. The "
+        "key itself is never stored in the config or logged.",
+    )
+    comparator_api_timeout: float = help_field(120.0, "comparator='api': seconds to wait for each response.")
+    comparator_api_max_n_per_request: int | None = help_field(
+        None,
+        "comparator='api', formats openai and generic: answers asked for per request (the body's n), up to "
+        "num_generations; None or 1: one request per answer (servers that ignore n still give them all). anthropic "
+        "and openai_responses have no n: one request per answer.",
+    )
+    comparator_api_concurrency: int = help_field(
+        8, "comparator='api': requests in flight at once (one prompt's requests run one after the other)."
+    )
+    comparator_api_extra_body: dict | None = help_field(
+        None, "comparator='api': fields merged into every request's JSON body (they override the built ones)."
+    )
+    comparator_api_headers: dict | None = help_field(
+        None,
+        "comparator='api': extra HTTP headers. Not for the key: they are saved with the config (use "
+        "comparator_api_key_env).",
+    )
     replay: str = help_field(
         "current",
         f"Which stored pairs a round trains on: one of {REPLAY_MODES}: this round's, the last replay_k rounds', "
@@ -644,7 +745,13 @@ class MADPOConfig(PreferenceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for field_name, valid in (("loss_type", DPO_LOSS_TYPES), ("comparator", COMPARATORS), ("replay", REPLAY_MODES)):
+        for field_name, valid in (
+            ("loss_type", DPO_LOSS_TYPES),
+            ("comparator", COMPARATORS),
+            ("replay", REPLAY_MODES),
+            ("comparator_generation", COMPARATOR_GENERATIONS),
+            ("comparator_api_format", COMPARATOR_API_FORMATS),
+        ):
             self._check_choice(field_name, valid)
         checks = [
             (self.beta > 0, "beta", "must be > 0"),
@@ -661,8 +768,57 @@ class MADPOConfig(PreferenceConfig):
             ),
             (self.replay_k >= 1, "replay_k", "must be >= 1"),
             (0.0 < self.replay_decay <= 1.0, "replay_decay", "must be in (0, 1]"),
+            (
+                self.comparator_generation == "decentralized" or self.comparator in ("model", "api"),
+                "comparator_generation",
+                "applies to comparator='model' or 'api' (the team answers each prompt on its own)",
+            ),
         ]
         self._check_all(checks)
+        self._check_api()
+
+    def _check_api(self) -> None:
+        """The comparator_api_* fields: the url with comparator='api' only, and well-formed values."""
+        name, url = type(self).__name__, self.comparator_api_url
+        fmt, n = self.comparator_api_format, self.comparator_api_max_n_per_request
+        checks = [
+            (
+                (self.comparator == "api") == bool(url),
+                "comparator_api_url",
+                "is required with comparator='api' (and set with it only)",
+            ),
+            (
+                url is None or isinstance(url, str) and url.startswith(("http://", "https://")),
+                "comparator_api_url",
+                "must be an http:// or https:// url, path included",
+            ),
+            (self.comparator_api_timeout > 0, "comparator_api_timeout", "must be > 0"),
+            (n is None or n >= 1, "comparator_api_max_n_per_request", "must be >= 1 or None"),
+            (
+                n in (None, 1) or fmt in ("openai", "generic"),
+                "comparator_api_max_n_per_request",
+                f"format '{fmt}' answers one completion per request (no n); leave it None",
+            ),
+            (self.comparator_api_concurrency >= 1, "comparator_api_concurrency", "must be >= 1"),
+        ]
+        self._check_all(checks)
+        for field_name in ("comparator_api_extra_body", "comparator_api_headers"):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
+                raise ConfigError(f"{name}.{field_name}: must be a dict with string keys (or None).")
+        secret = [h for h in self.comparator_api_headers or {} if h.lower() in ("authorization", "x-api-key")]
+        if secret:
+            raise ConfigError(
+                f"{name}.comparator_api_headers: '{secret[0]}' would be saved with the config; put the key in an "
+                "environment variable and name it in comparator_api_key_env."
+            )
+        env = self.comparator_api_key_env
+        if env is not None and not (isinstance(env, str) and env.isidentifier() and env.isascii()):
+            # the value is not echoed: a key pasted here by mistake must not reach the log
+            raise ConfigError(
+                f"{name}.comparator_api_key_env must be the NAME of an environment variable (letters, digits, _), "
+                "e.g. OPENAI_API_KEY, not the key itself."
+            )
 
 
 REWARD_MODEL_TRAINING = ("lora", "head", "full")

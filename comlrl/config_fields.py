@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .compat.fields import reference_fields, translate
 from .errors import ConfigError
 
 
@@ -91,7 +92,8 @@ def type_problem(name: str, value: Any, types: frozenset) -> str | None:
 
 def config_class(cls: type) -> type:
     """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion, and values of the wrong
-    type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead."""
+    type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead. The reference
+    library's field names are translated first (:func:`comlrl.compat.fields.translate`)."""
     cls = dataclass(cls)
     init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]
@@ -100,9 +102,14 @@ def config_class(cls: type) -> type:
 
     @functools.wraps(init)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        translated = translate(type(self), kwargs, set(names))  # the reference library's field names, if any
+        # a reference-style config: the trainer also calls reward_func as the reference does (compat.keywords)
+        object.__setattr__(self, "_reference_style", translated is not kwargs)
+        kwargs = translated
         for key in kwargs:
             if key not in names:
-                raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, names)}")
+                known = [*names, *reference_fields(type(self))]
+                raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, known)}")
         for key, value in {**dict(zip(init_names, args)), **kwargs}.items():
             problem = type_problem(key, value, checked[key]) if key in checked else None
             if problem is not None:

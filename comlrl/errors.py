@@ -23,3 +23,7 @@ class TransitionError(ComlrlError):
 
 class ModelLoadError(ComlrlError):
     """A model or tokenizer could not be loaded; the message says what to do instead."""
+
+
+class CentralizedComparatorParseError(ComlrlError):
+    """A centralized comparator's completion could not be split into one answer per agent (its role tags)."""

@@ -56,8 +56,10 @@ class Tracker:
         trainer: str | None = None,
         overwrite: bool = False,
         resume: bool = False,
+        wandb_init: dict | None = None,
     ) -> None:
         """``trainer``: the trainer's class name, written to ``run_info.json`` (with ``config``) on the first write.
+        ``wandb_init``: keyword arguments of ``wandb.init`` (project, entity, name, dir, tags, config, ...) over ours.
         ``resume``: continue the run whose metrics are in ``output_dir`` (append). ``overwrite``: replace them.
         With neither, a directory that already holds metric lines raises :class:`ConfigError`, checked here, before
         any training. ``resume`` wins over ``overwrite``: a resumed run keeps its lines up to the checkpoint."""
@@ -71,6 +73,7 @@ class Tracker:
         self.run_name = run_name or self.dir.name
         self.config = config or {}
         self.trainer = trainer
+        self.wandb_init = dict(wandb_init or {})
         self.resume, self.overwrite = resume, overwrite and not resume
         if not (resume or overwrite):
             _check_unused(self.dir)
@@ -110,7 +113,7 @@ class Tracker:
         if self._sinks is None:
             self._sinks = {}
             for name in self.report_to:
-                sink = _open_sink(name, self.dir, self.run_name, self.config)
+                sink = _open_sink(name, self.dir, self.run_name, self.config, self.wandb_init)
                 if sink is not None:
                     self._sinks[name] = sink
         return self._sinks
@@ -217,7 +220,7 @@ def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
 
 
-def _open_sink(name: str, out: Path, run_name: str, config: dict) -> Any:
+def _open_sink(name: str, out: Path, run_name: str, config: dict, wandb_init: dict | None = None) -> Any:
     try:
         if name == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
@@ -225,9 +228,10 @@ def _open_sink(name: str, out: Path, run_name: str, config: dict) -> Any:
             return SummaryWriter(log_dir=str(out / "tensorboard"))
         import wandb
 
-        return wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "comlrl"), name=run_name, config=config, dir=str(out), reinit=True
-        )
+        init = {"project": os.environ.get("WANDB_PROJECT", "comlrl"), "name": run_name, "dir": str(out)}
+        init.update({k: v for k, v in (wandb_init or {}).items() if v is not None})
+        init["config"] = {**config, **(wandb_init or {}).get("config", {})}
+        return wandb.init(**init, reinit=True)
     except ImportError:
         package = "tensorboard" if name == "tensorboard" else "wandb"
         log.warning(

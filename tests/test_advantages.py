@@ -107,3 +107,26 @@ def test_cross_mode_multi_turn_credits_each_sample_with_its_joint_actions_tree_r
     # turn 1: only node 2 separates agent 1's samples (rewards [[0, 2], [0, 2]]); agent 0's are tied everywhere
     torch.testing.assert_close(adv[0][1], torch.zeros(8))
     torch.testing.assert_close(adv[1][1], torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, 1.0, 0.0, 0.0]))
+
+
+def test_standardize_recentres_after_any_baseline_by_hand():
+    """The reference library's advantage_normalization: (A - mean A) / std A per group (population std).
+    Returns [1, 2, 3, 6]: mean 3, A = [-2, -1, 0, 3], std = sqrt(14 / 4) = 1.870829."""
+    r = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
+    want = torch.tensor([[-2.0, -1.0, 0.0, 3.0]]) / 1.8708287
+    for mode in ("none", "mean", "loo", "max"):  # a baseline constant in the group drops out
+        assert torch.allclose(compute_advantages(r, mode, "standardize"), want, atol=1e-6), mode
+    single = torch.tensor([[5.0]])  # a group of one is left as it is (the reference skips it)
+    assert compute_advantages(single, "none", "standardize").item() == 5.0
+    flat = torch.tensor([[2.0, 2.0]])  # no spread: zero advantages, not a division by zero
+    assert torch.equal(compute_advantages(flat, "mean", "standardize"), torch.zeros(1, 2))
+
+
+def test_expanded_branches_by_scope():
+    from comlrl.trainers.episode import expanded_branches
+
+    r = torch.tensor([0.1, 0.5, 0.9])
+    assert expanded_branches(r, None) == [True, True, True]
+    assert expanded_branches(r, 0.5, "branch") == [True, False, False]  # reward >= threshold: no next turn
+    assert expanded_branches(r, 0.5, "node") == [True, True, True]  # mean 0.5 is not > 0.5
+    assert expanded_branches(r, 0.4, "node") == [False, False, False]  # mean 0.5 > 0.4: the node stops

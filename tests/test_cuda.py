@@ -314,3 +314,42 @@ def _nccl_run_against_one_process(tmp_path: Path, spec: dict) -> Path:
     diff = torch.cat([(v - ref[i][0][k]).abs().flatten() for i, (a, _) in got.items() for k, v in a.items()])
     assert (diff > 1e-3).float().mean() < 0.01 and diff.median() < 1e-4, (diff.max(), diff.median())
     return out
+
+
+# --- 4. agent_devices: one GPU per agent in one process ----------------------------------------------------------------
+
+
+def test_agent_devices_two_gpus_one_agent_each(tmp_path):
+    """agent_devices=['cuda:0', 'cuda:1']: two MAGRPO steps (with a KL reference) in one process; each agent's
+    parameters, reference and optimizer state stay on its GPU, its weights move, and a resume puts the optimizer
+    state back on it."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices (torch.cuda.device_count() >= 2)")
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+
+    def build(**kw):
+        return MAGRPOTrainer(
+            model=tiny_model(),
+            tokenizer=tiny_tokenizer(),
+            train_dataset=ROWS,
+            reward_func=length_reward,
+            formatters=[lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"],
+            args=cfg(seed=1, agent_devices=[str(d) for d in devices], beta=0.1, output_dir=str(tmp_path), **kw),
+        )
+
+    def state_devices(optimizer):
+        return {t.device for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)}
+
+    t = build(save_steps=2)
+    before = weights(t)
+    t.train()
+    assert t.state["step"] == 2
+    for a, w, w0 in zip(t.agents, weights(t), before):
+        d = devices[a.index]
+        assert all(p.device == d for p in a.model.parameters()), a.index
+        assert all(p.device == d for p in a.ref_model.parameters()), a.index
+        assert state_devices(a.optimizer) == {d}, (a.index, state_devices(a.optimizer))
+        assert torch.isfinite(w).all() and not torch.equal(w, w0)
+    resumed = build(max_steps=3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert [state_devices(a.optimizer) for a in resumed.agents] == [{d} for d in devices]

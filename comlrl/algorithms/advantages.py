@@ -61,7 +61,9 @@ def compute_advantages(
 ) -> torch.Tensor:
     """A = (R - b(R)) [/ std], for ``returns`` of shape (num_groups, G).
 
-    ``scale``: 'none' (paper default), 'group' (divide by each group's std), 'batch' (by the std of all returns).
+    ``scale``: 'none' (paper default), 'group' (divide by each group's std), 'batch' (by the std of all returns),
+    'standardize' ((A - group mean of A) / group std of A, the reference library's advantage_normalization; the
+    same for every baseline that is constant within the group).
     """
     if mode not in BASELINES:
         raise ValueError(f"unknown advantage mode '{mode}'; valid: {sorted(BASELINES)}")
@@ -75,11 +77,15 @@ def compute_advantages(
             else torch.ones_like(returns[:, :1])
         )
         adv = adv / (std + eps)
+    elif scale == "standardize":
+        if adv.shape[-1] > 1:  # a group of one is left as it is
+            std = adv.std(dim=-1, keepdim=True, unbiased=False)
+            adv = (adv - adv.mean(dim=-1, keepdim=True)) / std.clamp(min=eps)
     elif scale == "batch":
         std = returns.std(unbiased=False) if returns.numel() > 1 else torch.ones(())
         adv = adv / (std + eps)
     elif scale != "none":
-        raise ValueError(f"unknown scale '{scale}'; valid: none, group, batch")
+        raise ValueError(f"unknown scale '{scale}'; valid: none, group, batch, standardize")
     return adv
 
 

@@ -14,16 +14,20 @@ IPO, as TRL; the loss functions use whatever log-probs they are given).
   count, and which pairs a round trains on (its own, then stored ones drawn by that weight).
 * :func:`split_roles`, :func:`join_roles`: the ``<agent_i>...</agent_i>`` tags of centralized training, where one
   model writes the whole team's answer; :func:`centralized_prompt`: that model's prompt, asking for those tags.
+* :class:`CentralizedComparatorAdapter`, :class:`TaggedCentralizedComparatorAdapter`: the prompt and the parser of
+  a centralized comparator (MADPO's ``comparator_generation='centralized'``), the same tags by default.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import CentralizedComparatorParseError
 
 # loss_type -> per-pair loss of the margin h: (h, beta, label_smoothing) -> (..., P)
 DpoLoss = Callable[[torch.Tensor, float, float], torch.Tensor]
@@ -353,3 +357,35 @@ def centralized_prompt(role_prompts: list[str], template: str = CENTRALIZED_TEMP
         f"<agent_{i + 1}>\n(agent {i + 1}'s answer)\n</agent_{i + 1}>" for i in range(len(role_prompts))
     )
     return template.format(num_roles=len(role_prompts), roles=roles, format=skeleton)
+
+
+class CentralizedComparatorAdapter(Protocol):
+    """How a centralized comparator is asked for the whole team's answer and how its completion is split (the
+    reference library's protocol): ``build_prompt(batch_item, agent_prompts)`` returns one prompt; and
+    ``parse_completion(completion, batch_item, num_agents)`` returns one answer per agent, or raises
+    :class:`~comlrl.errors.CentralizedComparatorParseError` (MADPO then drops that candidate and counts it)."""
+
+    def build_prompt(self, batch_item: dict[str, Any], agent_prompts: Sequence[str]) -> str: ...
+
+    def parse_completion(self, completion: str, batch_item: dict[str, Any], num_agents: int) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True)
+class TaggedCentralizedComparatorAdapter:
+    """The default adapter: :func:`centralized_prompt` with ``template`` and :func:`split_roles`, the
+    ``<agent_1>...</agent_1>`` tags of the centralized baseline (1-based; the reference library's are 0-based and
+    tolerate a missing role, which here fails the parse)."""
+
+    template: str = CENTRALIZED_TEMPLATE
+
+    def build_prompt(self, batch_item: dict[str, Any], agent_prompts: Sequence[str]) -> str:
+        return centralized_prompt(list(agent_prompts), self.template)
+
+    def parse_completion(self, completion: str, batch_item: dict[str, Any], num_agents: int) -> list[str]:
+        outputs, ok = split_roles(completion, num_agents)
+        if not ok:
+            raise CentralizedComparatorParseError(
+                f"the completion does not hold each of <agent_1>...<agent_{num_agents}> exactly once, closed and "
+                f"not nested: {completion[:200]!r}"
+            )
+        return outputs

@@ -3,13 +3,15 @@ optimizer step; the update in :mod:`.update`, the metrics in :mod:`.metrics`), t
 (:mod:`.episode`), the MAGRPO family (:mod:`.magrpo`: one loop, the baseline a parameter), the actor-critic trainers
 (:mod:`.actor_critic`), the centralized baseline (:mod:`.centralized`: one model writes every role's answer), the
 preference trainers (:mod:`.preference`: MADPO; :mod:`.marlhf`: MARLHF) and team assembly with input checks
-(:mod:`.setup`).
+(:mod:`.setup`). The reference library's import paths (:mod:`.reinforce`, and its names in :mod:`.actor_critic` and
+:mod:`.preference`) re-export these same classes (:mod:`comlrl.compat`).
 
 What may live here: the order of the steps and their bookkeeping. What may not: tensor math (in
 :mod:`comlrl.algorithms`) or speed paths (reached only through :mod:`comlrl.engine`, checked by import-linter).
 """
 
-from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from ..engine.reward_model import JointRewardModel
+from .actor_critic import ActorCriticTrainerBase, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .magrpo import (
     MAGRPOConfig,
@@ -27,6 +29,8 @@ from .marlhf import MARLHFConfig, MARLHFTrainer
 from .preference import MADPOConfig, MADPOTrainer
 
 __all__ = [
+    "ActorCriticTrainerBase",
+    "JointRewardModel",
     "CentralizedMAGRPOConfig",
     "CentralizedMAGRPOTrainer",
     "IACConfig",

@@ -16,12 +16,14 @@ import torch
 from .. import sharding
 from ..algorithms.advantages import clip_rewards, normalize, tree_gae
 from ..algorithms.losses import value_loss
+from ..compat.keywords import RolloutSample, reference_critic  # noqa: F401  (RolloutSample: the reference's name)
 from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
 from ..distributed import shard_bounds
 from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_state_text
 from ..engine.models import copy_model, load_model, load_tokenizer
 from ..engine.sampling import derive_seed, seeded
 from ..engine.team import active_adapter, wrap_lora
+from ..errors import ConfigError
 from .base import MultiAgentTrainer
 from .episode import Episode, joint_indices
 from .setup import build_optimizer, build_tokenizers
@@ -37,6 +39,7 @@ class Critic:
     scheduler: Any
     reads: int | None
     adapter: str | None = None  # the actor's adapter to activate when the head sits on a shared LoRA backbone
+    device: torch.device | None = None  # where it computes (None: the trainer's device)
 
     @property
     def index(self) -> int:
@@ -66,6 +69,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
     supports_distributed = True
 
     def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
+        """``critic``: one model source for every critic, or (IAC) a list with one per agent."""
+        critic = reference_critic(critic, kwargs)  # the reference's critic_model= / critics=
         self._critic_source, self._critic_tokenizer = critic, critic_tokenizer
         self._critic_batches: list[list[CriticBatch]] = []
         super().__init__(*args, **kwargs)
@@ -88,6 +93,10 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 self.critics_spec.append((None, None, r))
                 continue
             src = self._critic_source if self._critic_source is not None else self.args.critic_model
+            if isinstance(src, (list, tuple)):  # one critic source per agent
+                if len(src) != self.num_critics:
+                    raise ConfigError(f"critic= lists {len(src)} critics for {self.num_critics} critic(s).")
+                src = src[i]
             if src is None and i in local:
                 backbone, tok_src = copy_model(models[local.index(i)]), sources[local.index(i)]
             elif src is None:  # the centralized critic on a rank without agent 0: from agent 0's source
@@ -116,14 +125,16 @@ class ActorCriticTrainer(MultiAgentTrainer):
             agent = agents.get(0 if r is None else r)  # None: the centralized critic on a rank without agent 0
             with seeded(derive_seed(self.args.seed, "critic head", 0 if r is None else r)):  # as in one process
                 model = ValueModel(agent.model, detach_backbone=True) if backbone is None else ValueModel(backbone)
-            model.to(self.device)
+            # a head on an actor's backbone sits with that actor; IAC's own backbone with its agent; MAAC's on device
+            device = self.device if backbone is not None and r is None else self.agent_devices[0 if r is None else r]
+            model.to(device)
             if self.dist is not None and backbone is not None:  # with fsdp: sharded like the agent it serves
                 self.dist.shard_critic(model.backbone, r, bool(self.args.bf16))
             tok = load_tokenizer(tok) if tok is not None else agent.tokenizer
             opt, sched = build_optimizer(
                 model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates
             )
-            self.critics.append(Critic(model, tok, opt, sched, r, agent.adapter if backbone is None else None))
+            self.critics.append(Critic(model, tok, opt, sched, r, agent.adapter if backbone is None else None, device))
         del self.critics_spec
 
     # ------------------------------------------------------------------ advantages
@@ -228,13 +239,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _forward_values(self, critic: Critic, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         chunk = self.args.forward_batch_size or ids.shape[0]
+        device = critic.device or self.device
         outs = []
         with active_adapter(critic.model.backbone, critic.adapter):
             for lo in range(0, ids.shape[0], chunk):
-                with self.autocast():
-                    outs.append(
-                        critic.model(ids[lo : lo + chunk].to(self.device), mask[lo : lo + chunk].to(self.device))
-                    )
+                with self.autocast(device):
+                    outs.append(critic.model(ids[lo : lo + chunk].to(device), mask[lo : lo + chunk].to(device)))
         return torch.cat(outs)
 
     # ------------------------------------------------------------------ update
@@ -266,7 +276,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             for lo in range(first, end, chunk):
                 sl = slice(lo, min(lo + chunk, end))
                 v = self._forward_values(critic, b.ids[sl], b.mask[sl])
-                old, tgt = b.old_values[sl].to(self.device).unsqueeze(-1), b.targets[sl].to(self.device)
+                old, tgt = b.old_values[sl].to(v.device).unsqueeze(-1), b.targets[sl].to(v.device)
                 loss = value_loss(v.unsqueeze(-1), old, tgt, self.args.value_clip) * (v.shape[0] / total)
                 loss.backward()
                 loss_sum += float(loss.detach())
@@ -302,3 +312,6 @@ class MAACTrainer(ActorCriticTrainer):
 
     config_class = accepted_config = MAACConfig
     centralized = True
+
+
+ActorCriticTrainerBase = ActorCriticTrainer  # the reference library's name of the shared actor-critic machinery

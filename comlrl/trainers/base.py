@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import logging
 import math
@@ -20,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint, distributed, sharding
+from ..compat.keywords import callback_metrics, eval_extras, eval_paths, reference_hooks, reference_reward
 from ..config import MAGRPOConfig
 from ..engine.generation import AUTO, VLLM, GenerationSettings, check_engine_available
 from ..engine.models import check_vocab, copy_model, disable_dropout
@@ -36,7 +38,15 @@ from ..engine.team import adapter_parameters, build_lora_team
 from ..engine.vllm_engine import VLLMOptions
 from ..errors import ConfigError
 from ..tracking import Tracker, fresh_output_dir
-from .episode import Episode, check_transition, episode_advantages, generate_team, root_nodes, run_episode
+from .episode import (
+    Episode,
+    check_transition,
+    episode_advantages,
+    formatted_transition,
+    generate_team,
+    root_nodes,
+    run_episode,
+)
 from .metrics import episode_metrics, mean_metrics, merge_evaluation
 from .setup import (
     Agent,
@@ -47,6 +57,7 @@ from .setup import (
     build_tokenizers,
     chat_flags,
     check_batch_size,
+    resolve_agent_devices,
     source_groups,
     team_sources,
 )
@@ -71,6 +82,8 @@ class MultiAgentTrainer(PolicyUpdate):
         external_transition: next prompts per agent for multi-turn training (contract:
             :func:`comlrl.trainers.episode.transition`).
         eval_reward_func: reward for evaluate() (default: reward_func).
+        **reference_keywords: the reference library's trainer keywords (model_config, wandb_config, eval_logger,
+            eval_aggregator, metrics_callback, dataset_type), see :mod:`comlrl.compat.keywords`.
     """
 
     config_class = MAGRPOConfig
@@ -79,6 +92,7 @@ class MultiAgentTrainer(PolicyUpdate):
     )
     fixed_advantage_mode: str | None = None
     supports_distributed = True  # torchrun placement / data parallelism (comlrl.distributed)
+    supports_agent_devices = True  # args.agent_devices: each agent on its own device in one process
 
     def __init__(
         self,
@@ -97,10 +111,15 @@ class MultiAgentTrainer(PolicyUpdate):
         external_transition: Callable | None = None,
         eval_reward_func: Callable | None = None,
         peft_config: Any = None,
+        **reference_keywords: Any,
     ) -> None:
         # a copy: resolving defaults (bf16) and per-rank settings never changes the caller's config
         self.args = copy.deepcopy(args) if args is not None else self.config_class()
         self._check_args()
+        ours = [
+            p for c in type(self).__mro__ if "__init__" in c.__dict__ for p in inspect.signature(c.__init__).parameters
+        ]
+        self.hooks = reference_hooks(type(self).__name__, self.args, reference_keywords, ours)
         check_engine_available(self.rollout_engine)  # before any model loads: use_vllm without vLLM fails here
         if model is not None and agent_model is not None and model is not agent_model:
             raise ConfigError("model= and agent_model= are the same argument; pass only one.")
@@ -120,6 +139,10 @@ class MultiAgentTrainer(PolicyUpdate):
         set_seed(self.args.seed)
         sources = team_sources(model, agents, num_agents, formatters)
         self.num_agents = len(sources)
+        if self.args.agent_devices is not None and not self.supports_agent_devices:
+            raise ConfigError(f"{type(self).__name__} does not take agent_devices yet; set device= for the team.")
+        # checked before torchrun's process group would wait for the other ranks
+        named_devices = resolve_agent_devices(self.args.agent_devices, self.num_agents, distributed.launched())
         # Under torchrun (WORLD_SIZE > 1) this process holds only the agents placed on its rank; else None.
         self.dist = distributed.setup(self.args, self.num_agents)
         if self.dist is not None and not self.supports_distributed:
@@ -135,17 +158,23 @@ class MultiAgentTrainer(PolicyUpdate):
             self.args.output_dir = distributed.run_once(fresh_output_dir, name)
             log.info("output_dir not set: this run writes to %s", self.args.output_dir)
         self.device = self.dist.device if self.dist else resolve_device(self.args.device)
+        # agent index -> the device of its model, optimizer state, reference and critic (agent_devices, else device)
+        self.agent_devices = named_devices or [self.device] * self.num_agents
+        used = list(dict.fromkeys(self.agent_devices))  # the devices that hold models, in agent order
         if self.args.bf16 is None:
-            self.args.bf16 = default_bf16(self.device)
-            log.info("bf16=None -> %s on %s (native bf16: %s)", self.args.bf16, self.device, native_bf16(self.device))
-        elif self.args.bf16 and not native_bf16(self.device):
+            self.args.bf16 = all(default_bf16(d) for d in used)
+            names, native = ", ".join(map(str, used)), ", ".join(str(native_bf16(d)) for d in used)
+            log.info("bf16=None -> %s on %s (native bf16: %s)", self.args.bf16, names, native)
+        elif self.args.bf16 and not all(native_bf16(d) for d in used):
             log.warning(
                 "bf16=True on %s, which has no native bf16: its matmuls are emulated, often many times slower "
                 "than fp32 (bf16=None picks the faster)",
-                self.device,
+                ", ".join(str(d) for d in used if not native_bf16(d)),
             )
-        if self.device.type == "cpu":
+        if any(d.type == "cpu" for d in used):
             limit_heap_fragmentation(self.args.malloc_mmap_threshold_kb)
+        if reward_func is not None and getattr(self.args, "_reference_style", False):
+            reward_func = reference_reward(reward_func)
         self.reward_func, self.reward_processor = reward_func, reward_processor
         self.eval_reward_func = eval_reward_func or reward_func
         self.external_transition = external_transition
@@ -153,16 +182,21 @@ class MultiAgentTrainer(PolicyUpdate):
         share = peft_config is not None and self.args.share_base
         local = self.dist.local_agents if self.dist else list(range(self.num_agents))  # agents whose weights live here
         local_sources = [sources[i] for i in local]
-        models = build_models(local_sources, share=share)
+        local_devices = [self.agent_devices[i] for i in local]
+        models = build_models(local_sources, share=share, devices=local_devices)
         if peft_config is not None and self.args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
             models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
         tokenizers = build_tokenizers(tokenizer, sources, local)
+        for tok in tokenizers if self.hooks.special_tokens else ():  # the reference's model_config special_tokens
+            tok.add_special_tokens(self.hooks.special_tokens)
         # one tokenizer object given for the whole team: a vocabulary mismatch asks for one per agent
         shared_by = self.num_agents if tokenizer is not None and not isinstance(tokenizer, (list, tuple)) else 1
         # every agent's formatter, also those on other ranks: prompts are built for the whole team
         self.formatters = formatters = build_formatters(formatters, self.num_agents)
+        if external_transition is not None and self.args.format_transition_prompts:
+            self.external_transition = formatted_transition(external_transition, formatters)
         chats = chat_flags(self.args.apply_chat_template, self.num_agents)
-        groups = source_groups(local_sources) if share else list(range(len(local)))
+        groups = source_groups(local_sources, local_devices) if share else list(range(len(local)))
         self._team_sources, self._tokenizer_source = sources, tokenizer  # every agent's, also those on other ranks
         self.prepare_models(local_sources, models, peft_config)
         # an adapter's init does not depend on placement
@@ -184,7 +218,7 @@ class MultiAgentTrainer(PolicyUpdate):
                 m.config.use_cache = False
                 if adapter is not None:
                     m.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grad inputs
-            m.to(self.device)
+            m.to(self.agent_devices[i])
             if self.args.disable_dropout:
                 disable_dropout(m)
             self.agents.append(Agent(i, m, tok, fmt, chat, adapter=adapter, params=adapter_parameters(m, adapter)))
@@ -317,9 +351,11 @@ class MultiAgentTrainer(PolicyUpdate):
     def autocast_dtype(self) -> torch.dtype | None:
         return torch.bfloat16 if self.args.bf16 else None
 
-    def autocast(self) -> torch.autocast:
-        """The training forward's autocast context: bf16 when ``args.bf16``, else disabled."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bool(self.args.bf16))
+    def autocast(self, device: torch.device | None = None) -> torch.autocast:
+        """The training forward's autocast context on ``device`` (default the trainer's): bf16 when ``args.bf16``,
+        else disabled."""
+        device = device or self.device
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(self.args.bf16))
 
     @property
     def rollout_dtype(self) -> torch.dtype | None:
@@ -386,6 +422,7 @@ class MultiAgentTrainer(PolicyUpdate):
                 trainer=type(self).__name__,
                 overwrite=a.overwrite_output_dir,
                 resume=resuming or self.state["step"] > 0,
+                wandb_init=self.hooks.wandb_init,
             )
             self._owns_tracker = True
         if self.state["step"] == 0:
@@ -506,6 +543,7 @@ class MultiAgentTrainer(PolicyUpdate):
             num_turns=self.args.num_turns,
             external_transition=self.external_transition,
             termination_threshold=self.args.termination_threshold,
+            termination_scope=self.args.termination_scope,
             reward_processor=self.reward_processor,
             autocast_dtype=self.rollout_dtype,
             seed=seed,
@@ -516,8 +554,11 @@ class MultiAgentTrainer(PolicyUpdate):
     # ------------------------------------------------------------------ metrics
     def episode_metrics(self, episode: Episode, prefix: str = "") -> dict[str, float]:
         """Reward statistics per turn and level, completion lengths, and timings of one rollout
-        (:func:`comlrl.trainers.metrics.episode_metrics`)."""
-        return episode_metrics(episode, self.num_agents, prefix)
+        (:func:`comlrl.trainers.metrics.episode_metrics`), and what a ``metrics_callback`` adds."""
+        return {
+            **episode_metrics(episode, self.num_agents, prefix),
+            **callback_metrics(self.hooks, episode, self.num_agents, prefix),
+        }
 
     # ------------------------------------------------------------------ evaluation and saving
     @torch.no_grad()
@@ -573,7 +614,8 @@ class MultiAgentTrainer(PolicyUpdate):
                     }
                 )
         self.last_eval_samples = samples_out
-        return self._merge_evaluation(episodes)
+        extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), self.args.num_turns)
+        return {**self._merge_evaluation(episodes), **extras}
 
     def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:
         return merge_evaluation(episodes, [self.episode_metrics(ep, prefix="eval/") for ep in episodes])

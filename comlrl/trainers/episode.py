@@ -85,6 +85,7 @@ def run_episode(
     num_turns: int = 1,
     external_transition: Callable | None = None,
     termination_threshold: float | None = None,
+    termination_scope: str = "branch",
     reward_processor: Callable | None = None,
     autocast_dtype: torch.dtype | None = None,
     seed: int | None = None,
@@ -121,6 +122,7 @@ def run_episode(
             num_turns,
             external_transition,
             termination_threshold,
+            termination_scope,
             reward_processor,
         )
         for k, v in turn_timings.items():
@@ -142,6 +144,7 @@ def score_turn(
     num_turns: int,
     external_transition: Callable | None,
     termination_threshold: float | None,
+    termination_scope: str,
     reward_processor: Callable | None,
 ) -> tuple[torch.Tensor, list, torch.Tensor, list[Node], dict]:
     """Team rewards of turn t's joint actions and the child nodes: (rewards, levels, children, next nodes, timings)."""
@@ -168,14 +171,25 @@ def score_turn(
     if t + 1 < num_turns:
         start = time.perf_counter()
         for m, nd in enumerate(nodes):
+            expand = expanded_branches(rewards[m], termination_threshold, termination_scope)
             for k, c in enumerate(combos):
-                if termination_threshold is not None and rewards[m, k] >= termination_threshold:
+                if not expand[k]:
                     continue
                 answers = [samples[i].texts[m * g + c[i]] for i in range(n)]
                 children[m, k] = len(next_nodes)
                 next_nodes.append(transition(external_transition, nd, answers, t + 1))
         timings["transition"] = time.perf_counter() - start
     return rewards, levels, children, next_nodes, timings
+
+
+def expanded_branches(rewards: torch.Tensor, threshold: float | None, scope: str = "branch") -> list[bool]:
+    """Which joint actions of one node get a next turn, from their rewards (J,): all when ``threshold`` is None;
+    'branch': those whose reward is below it; 'node': all or none, none once their mean reward exceeds it."""
+    if threshold is None:
+        return [True] * len(rewards)
+    if scope == "node":
+        return [float(rewards.mean()) <= threshold] * len(rewards)
+    return [float(r) < threshold for r in rewards]
 
 
 def generate_team(
@@ -266,6 +280,26 @@ def check_transition(fn: Callable) -> None:
             f"{', '.join(TRANSITION_KWARGS)} (all of them if it takes **kwargs); it must return the next prompt of "
             f"each agent, a list of num_agents strings. For example:\n{TRANSITION_EXAMPLE}"
         )
+
+
+def formatted_transition(fn: Callable, formatters: list[Callable]) -> Callable:
+    """``fn`` as an external_transition whose next prompts each go through their agent's formatter, put in the
+    episode's dataset row as its 'prompt' column (``format_transition_prompts``)."""
+
+    def next_prompts(**candidates: Any) -> Any:
+        out = fn(**accepted_kwargs(fn, candidates))
+        if isinstance(out, str) or not isinstance(out, (list, tuple)) or len(out) != len(formatters):
+            return out  # transition() names what is wrong with it
+        row = dict(candidates.get("batch_item") or {})
+        prompts = []
+        for i, (f, p) in enumerate(zip(formatters, out)):
+            try:
+                prompts.append(f({**row, "prompt": p}))
+            except Exception as exc:  # transition() adds the turn and the row
+                raise TransitionError(f"the formatter of agent {i}, formatting its next prompt: {exc!r}") from exc
+        return prompts
+
+    return next_prompts
 
 
 def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -> Node:

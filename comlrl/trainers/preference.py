@@ -6,6 +6,11 @@ from the comparator team), scores them with the team reward, keeps pairs by :fun
 JSONL shard in ``<output_dir>/pairs/`` and takes ``steps_per_round`` optimizer steps over them and the replayed
 pairs of earlier rounds. Offline (``preferences='dataset'``), the pairs are a dataset's chosen / rejected columns.
 
+A text comparator (``comparator='api'``, an HTTP endpoint, :mod:`comlrl.engine.api_client`; or ``'model'`` with
+``comparator_generation='centralized'``, one completion holding every agent's answer in role tags) is turned into a
+rollout's samples (:func:`text_samples`) and scored by the same team reward; its answers are re-tokenized with each
+agent's tokenizer, as comparator_model's are. A centralized completion that does not parse is dropped from pairing.
+
 The loss (:func:`comlrl.algorithms.preference.team_dpo_loss`) reads each agent's log-probs of its part of both
 joint answers, over every completion token up to and including the stop token (a truncated answer has none), at
 temperature 1: summed for DPO, averaged per token for IPO (:func:`~comlrl.algorithms.preference.sequence_logps`,
@@ -26,6 +31,8 @@ from typing import Any, Iterator
 import torch
 
 from ..algorithms.preference import (
+    CentralizedComparatorAdapter,
+    TaggedCentralizedComparatorAdapter,
     agent_margins,
     replay_sample,
     replay_weights,
@@ -34,14 +41,15 @@ from ..algorithms.preference import (
     team_dpo_loss,
 )
 from ..config import MADPOConfig
+from ..engine.api_client import Answer, APIClient, Sampling
 from ..engine.logprobs import completion_logprobs
 from ..engine.models import load_model, load_tokenizer
-from ..engine.rollout import format_prompt, left_pad
+from ..engine.rollout import GenerationSettings, Samples, format_prompt, left_pad
 from ..engine.sampling import derive_seed
 from ..engine.team import active_adapter, reference_mode
-from ..errors import ConfigError
+from ..errors import CentralizedComparatorParseError, ConfigError
 from .base import MultiAgentTrainer
-from .episode import Episode
+from .episode import Episode, Node, generate_team, root_nodes, run_episode
 from .setup import Agent, apply_formatter
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,7 @@ log = logging.getLogger(__name__)
 PAIRS_DIR = "pairs"
 ROUNDS_FILE = "rounds.jsonl"  # per round: the team's and the comparator's candidate rewards (report histograms)
 TEAM, COMPARATOR = 0, 1  # sides of a candidate
+TEXT_COMPARATORS = ("model", "api")  # comparators whose answers are re-tokenized with each agent's tokenizer
 
 
 def shard_path(output_dir: str | os.PathLike, round_index: int) -> Path:
@@ -117,22 +126,26 @@ def candidate_pairs(
     pairs_per_prompt: int | None,
     tie_tolerance: float,
     seed: int,
+    valid: torch.Tensor | None = None,
 ) -> tuple[list[dict], int]:
     """Pair records of one round from its candidate episodes (the team's, then the comparator's, if any: the same
     rows in the same order) and the number of dropped ties. Each record holds every agent's prompt, both joint
     answers' texts, token ids and truncation flags (per agent: max_new_tokens reached, no stop token), and their
-    team rewards."""
+    team rewards. ``valid`` (M, K_total) bool: candidates that may be paired (None: all; a centralized comparator's
+    completion that did not parse is not)."""
     first = [ep.turns[0] for ep in episodes]
     k = first[0].rewards.shape[1]
     sides = [side for side in range(len(first)) for _ in range(k)] if len(first) > 1 else None
     records, ties = [], 0
     for m, node in enumerate(first[0].nodes):
         rewards = torch.cat([t.rewards[m] for t in first])
+        keep = list(range(len(rewards))) if valid is None else valid[m].nonzero().flatten().tolist()
         gen = torch.Generator().manual_seed(derive_seed(seed, "pairs", round_index, node.row_id))
-        sel = select_pairs(rewards, mode, pairs_per_prompt, gen, tie_tolerance, sides)
+        kept_sides = None if sides is None else [sides[c] for c in keep]
+        sel = select_pairs(rewards[keep], mode, pairs_per_prompt, gen, tie_tolerance, kept_sides)
         ties += sel.ties
 
-        for w, lo in sel.pairs:
+        for w, lo in ((keep[w], keep[lo]) for w, lo in sel.pairs):
             (cw, pids, iw, tw), (cl, _, il, tl) = _joint_answer(first, k, m, w), _joint_answer(first, k, m, lo)
             records.append(
                 {
@@ -153,6 +166,21 @@ def candidate_pairs(
                 }
             )
     return records, ties
+
+
+def text_samples(agent: Agent, answers: list[Answer]) -> Samples:
+    """A text comparator's answers as ``agent``'s samples (rows = node * G + g): each text in the agent's tokens,
+    ending with its EOS unless truncated, right-padded; no prompt tokens (pairs take the team's)."""
+    ids = [MADPOTrainer._answer_ids(agent, ans.text, eos=not ans.truncated) for ans in answers]
+    width = max(max((len(x) for x in ids), default=1), 1)
+    c_ids = torch.full((len(ids), width), agent.tokenizer.pad_token_id, dtype=torch.long)
+    c_mask = torch.zeros_like(c_ids)
+    for k, x in enumerate(ids):
+        c_ids[k, : len(x)] = torch.tensor(x, dtype=torch.long)
+        c_mask[k, : len(x)] = 1
+    empty = torch.zeros((len(ids), 1), dtype=torch.long)
+    truncated = torch.tensor([ans.truncated for ans in answers], dtype=torch.bool)
+    return Samples(empty, empty.clone(), c_ids, c_mask, [ans.text for ans in answers], truncated)
 
 
 def dataset_pairs(dataset: Any, formatters: list, chosen_column: str, rejected_column: str) -> list[dict]:
@@ -221,12 +249,16 @@ class MADPOTrainer(MultiAgentTrainer):
     Arguments as :class:`~comlrl.trainers.base.MultiAgentTrainer`. ``reward_func`` scores the online candidates
     (not needed with ``preferences='dataset'``, where ``train_dataset`` rows carry the chosen / rejected answers,
     one per agent). evaluate() reports the team reward of greedy answers, as for every trainer.
+    ``centralized_comparator_adapter`` (comparator_generation='centralized'): builds the comparator's one prompt
+    and splits its completions (:class:`~comlrl.algorithms.preference.CentralizedComparatorAdapter`; default
+    :class:`~comlrl.algorithms.preference.TaggedCentralizedComparatorAdapter`, the ``<agent_i>`` tags).
     Runs as one process (torchrun is not supported yet).
     """
 
     config_class = MADPOConfig
     accepted_config = MADPOConfig
     supports_distributed = False
+    supports_agent_devices = False  # its pair batches and comparator live on the trainer device
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pairs_by_round: dict[int, list[dict]] = {}  # online: round -> its pairs
@@ -234,7 +266,11 @@ class MADPOTrainer(MultiAgentTrainer):
         self._pool: list[tuple[dict, float]] = []  # this round's (pair, loss weight), in training order
         self._pool_round: int | None = None
         self._snapshots: dict[int, list[list[torch.Tensor]]] = {}  # round -> each agent's parameters at its start
+        adapter: CentralizedComparatorAdapter | None = kwargs.pop("centralized_comparator_adapter", None)
+        self.comparator_adapter = adapter or TaggedCentralizedComparatorAdapter()
+        self._unparsed = ""  # the last centralized completion that did not parse (for the error message)
         super().__init__(*args, **kwargs)
+        self._api = self._api_client() if self.args.comparator == "api" else None
         if self.args.num_turns > 1:
             raise ConfigError("MADPOTrainer trains single-turn pairs; num_turns must be 1.")
         if self.online and self.args.max_steps > 0:
@@ -385,19 +421,24 @@ class MADPOTrainer(MultiAgentTrainer):
         episodes = [
             self.rollout(rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index))
         ]
+        parsed = None  # (M, k) bool: which of a centralized comparator's completions parsed
         if a.comparator != "current":
             seed, k = self._round_seed(round_index, 1), a.num_generations
-            if a.comparator == "model":
+            if a.comparator == "api" or a.comparator_generation != "decentralized":
+                episode, parsed = self._text_comparator_episode(rows, ids, settings, seed, round_index)
+                episodes.append(episode)
+            elif a.comparator == "model":
                 team = self._comparator_team()
                 episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed, agents=team))
             else:
                 with self._comparator_weights(round_index):
                     episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed))
         elapsed = time.perf_counter() - start
+        valid = None if parsed is None else torch.cat([torch.ones_like(parsed), parsed], dim=1)
         records, ties = candidate_pairs(
-            episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed
+            episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed, valid
         )
-        if a.comparator == "model":  # the comparator's answers in the team's tokens; a truncated one stays so
+        if a.comparator in TEXT_COMPARATORS:  # the comparator's answers in the team's tokens; a truncated one stays so
             for record in records:
                 for key in ("chosen", "rejected"):
                     if record[f"{key}_side"] == COMPARATOR:
@@ -409,15 +450,20 @@ class MADPOTrainer(MultiAgentTrainer):
         self._pairs_by_round[round_index] = records
         team = episodes[0].turns[0].rewards.reshape(-1)
         summary = {"round": round_index, "team_rewards": team.tolist()}
-        if len(episodes) > 1:
-            summary["comparator_rewards"] = episodes[1].turns[0].rewards.reshape(-1).tolist()
+        if len(episodes) > 1:  # the parsed candidates' rewards only
+            comparator = episodes[1].turns[0].rewards
+            comparator = comparator.reshape(-1) if parsed is None else comparator[parsed]
+            summary["comparator_rewards"] = comparator.tolist()
         self._append_round_summary(summary)
         metrics = self.episode_metrics(episodes[0])  # reward/*, completion lengths, time/generate, perf/*
-        tokens = sum(int(s.completion_mask.sum()) for ep in episodes for s in ep.turns[0].samples)
-        metrics["perf/rollout_tokens_per_s"] = tokens / max(sum(ep.timings["generate"] for ep in episodes), 1e-9)
+        local = episodes[:1] if a.comparator == "api" else episodes  # tokens generated here
+        tokens = sum(int(s.completion_mask.sum()) for ep in local for s in ep.turns[0].samples)
+        metrics["perf/rollout_tokens_per_s"] = tokens / max(sum(ep.timings["generate"] for ep in local), 1e-9)
         metrics["time/collect"] = elapsed
         if len(episodes) > 1:
-            metrics["comparator/reward/mean"] = float(episodes[1].turns[0].rewards.mean())
+            metrics["comparator/reward/mean"] = float(comparator.mean())
+        if parsed is not None and a.comparator_generation != "decentralized":
+            metrics["comparator/parse_failures"] = float((~parsed).sum())
         metrics["pairs/count"] = float(len(records))
         metrics["pairs/ties"] = float(ties)
         self._round_metrics = {k: v for k, v in metrics.items() if k.startswith(("reward/", "comparator/", "pairs/"))}
@@ -445,6 +491,108 @@ class MADPOTrainer(MultiAgentTrainer):
             tok = load_tokenizer(self.args.comparator_model)
             self._model_team = [Agent(a.index, model, tok, a.formatter, a.chat) for a in self.agents]
         return self._model_team
+
+    def _api_client(self) -> APIClient:
+        """comparator='api': the endpoint's client, its key read from the variable comparator_api_key_env names."""
+        a, key = self.args, None
+        if a.comparator_api_key_env:
+            key = os.environ.get(a.comparator_api_key_env)
+            if not key:
+                raise ConfigError(
+                    f"MADPOConfig.comparator_api_key_env: the environment variable {a.comparator_api_key_env} is not "
+                    "set (or empty); export the API key in it, or set comparator_api_key_env=None for an endpoint "
+                    "without a key."
+                )
+        return APIClient(
+            a.comparator_api_url,
+            a.comparator_api_format,
+            a.comparator_api_model,
+            key,
+            a.comparator_api_timeout,
+            a.comparator_api_max_n_per_request,
+            a.comparator_api_extra_body,
+            a.comparator_api_headers,
+            a.comparator_api_concurrency,
+        )
+
+    def _text_comparator_episode(
+        self, rows: list[dict], ids: list[int], settings: GenerationSettings, seed: int, round_index: int
+    ) -> tuple[Episode, torch.Tensor]:
+        """The comparator's candidates for the rows when they come as text (the API, or a centralized completion
+        split by role), scored by the team reward as a rollout's: (episode, parsed (M, G) bool)."""
+        parsed: list[bool] = []
+
+        def generate(agents: list[Agent], nodes: list[Node], g: int, *_: Any, seed: int | None = None) -> list:
+            answers, ok = self._comparator_answers(nodes, g, settings, seed, round_index)
+            parsed.extend(ok)
+            return [text_samples(agent, answers[agent.index]) for agent in agents]
+
+        nodes = root_nodes(self.formatters, rows, ids, getattr(self.train_dataset, "column_names", None))
+        k = self.args.num_generations
+        episode = run_episode(
+            self.agents,
+            nodes,
+            reward_func=self.reward_func,
+            num_generations=k,
+            settings=settings,
+            reward_processor=self.reward_processor,
+            seed=seed,
+            generate_fn=generate,
+        )
+        ok = torch.tensor(parsed, dtype=torch.bool).view(len(nodes), k)
+        if not ok.any():
+            raise CentralizedComparatorParseError(
+                f"round {round_index}: none of the centralized comparator's {ok.numel()} completions split into "
+                f"{self.num_agents} role answers (e.g. {self._unparsed!r}). Check that the comparator writes every "
+                "role's tags, and that max_new_tokens holds all the answers."
+            )
+        return episode, ok
+
+    def _comparator_answers(
+        self, nodes: list[Node], g: int, settings: GenerationSettings, seed: int | None, round_index: int
+    ) -> tuple[list[list[Answer]], list[bool]]:
+        """Each agent's g answers per node (rows = node * g + sample) and whether each joint answer parsed: the API
+        asked once per (node, agent) prompt, or the comparator asked once per node for the whole team's answer
+        (the API, or comparator_model on the adapter's prompt), split by :meth:`_split_roles`."""
+        n, a = self.num_agents, self.args
+        sampling = Sampling(settings.max_new_tokens, settings.temperature, settings.top_p)
+        if a.comparator_generation == "decentralized":  # the API; comparator_model rolls out as a team
+            where = [f"round {round_index}, row {nd.row_id}, agent {i}" for nd in nodes for i in range(n)]
+            got = self._api.complete_all([nd.prompts[i] for nd in nodes for i in range(n)], g, sampling, where)
+            answers = [[ans for m in range(len(nodes)) for ans in got[m * n + i]] for i in range(n)]
+            return answers, [True] * (len(nodes) * g)
+        prompts = [self.comparator_adapter.build_prompt(nd.row, list(nd.prompts)) for nd in nodes]
+        if a.comparator == "api":
+            where = [f"round {round_index}, row {nd.row_id}, centralized" for nd in nodes]
+            joint = [ans for got in self._api.complete_all(prompts, g, sampling, where) for ans in got]
+        else:
+            one = self._comparator_team()[:1]  # comparator_model, asked as agent 0 (its chat setting)
+            central = [Node(nd.row, nd.row_id, [p], [[p]], [[]]) for nd, p in zip(nodes, prompts)]
+            s = generate_team(one, central, g, settings, self.rollout_dtype, seed=seed)[0]
+            joint = [Answer(text, bool(cut)) for text, cut in zip(s.texts, s.truncated.tolist())]
+        answers: list[list[Answer]] = [[] for _ in range(n)]
+        ok = []
+        for j, ans in enumerate(joint):
+            outputs = self._split_roles(ans.text, nodes[j // g].row)
+            ok.append(outputs is not None)
+            for i in range(n):  # each role's answer ended inside its tags, truncated or not the completion was
+                answers[i].append(Answer(outputs[i] if outputs else ""))
+        return answers, ok
+
+    def _split_roles(self, text: str, row: dict) -> list[str] | None:
+        """One answer per agent from a centralized completion, None when the adapter cannot parse it."""
+        n = self.num_agents
+        try:
+            outputs = self.comparator_adapter.parse_completion(text, row, n)
+        except CentralizedComparatorParseError:
+            self._unparsed = text[:200]
+            return None
+        if isinstance(outputs, (str, bytes)) or len(outputs) != n or not all(isinstance(o, str) for o in outputs):
+            raise ConfigError(
+                f"centralized_comparator_adapter.parse_completion must return {n} strings (one per agent), got "
+                f"{str(outputs)[:120]!r}."
+            )
+        return list(outputs)
 
     def _comparator_round(self, round_index: int) -> int:
         return 0 if self.args.comparator == "initial" else max(0, round_index - self.args.comparator_lag)

@@ -60,19 +60,51 @@ def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, fo
     return list(agents) if agents is not None else [model] * n
 
 
-def source_groups(sources: list) -> list[int]:
-    """Group id per agent: agents whose model source is the same (same string or same object) share an id."""
+def source_groups(sources: list, devices: Sequence[Any] | None = None) -> list[int]:
+    """Group id per agent: agents whose model source is the same (same string or same object) share an id;
+    ``devices`` (one per agent): only agents on the same device do (a shared model lives on one device)."""
     keys: dict[Any, int] = {}
+    places = [str(d) for d in devices] if devices is not None else [""] * len(sources)
     return [
-        keys.setdefault(("obj", id(s)) if isinstance(s, PreTrainedModel) else ("str", str(s)), len(keys))
-        for s in sources
+        keys.setdefault((("obj", id(s)) if isinstance(s, PreTrainedModel) else ("str", str(s)), place), len(keys))
+        for s, place in zip(sources, places)
     ]
 
 
-def build_models(sources: list, share: bool = False, dtype: Any = None) -> list[PreTrainedModel]:
-    """Load each agent's model; a source repeated across agents is loaded once, then copied (or shared)."""
+def resolve_agent_devices(names: Sequence[str] | None, num_agents: int, launched: bool) -> list[torch.device] | None:
+    """Each agent's device from ``agent_devices`` (one name per agent), checked against the team, torchrun
+    (``launched``) and the machine; None when not set (every agent then on the trainer's device)."""
+    if names is None:
+        return None
+    if launched:
+        raise ConfigError(
+            f"agent_devices={list(names)} places agents in one process; under torchrun (WORLD_SIZE > 1) each rank "
+            "holds its own agents: set placement (agent index -> rank) and leave agent_devices None."
+        )
+    if len(names) != num_agents:
+        raise ConfigError(f"agent_devices has {len(names)} entries for {num_agents} agents: give one device per agent.")
+    devices = [torch.device(n) for n in names]
+    for i, d in enumerate(devices):
+        if d.type != "cuda":
+            continue
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (d.index or 0) >= count:
+            raise ConfigError(
+                f"agent_devices[{i}]={names[i]!r}: agent {i}'s device does not exist here ({count} CUDA device(s) "
+                "visible; check CUDA_VISIBLE_DEVICES)."
+            )
+        if d.index is None:  # 'cuda' is the current one: agents on 'cuda' and 'cuda:0' then share it (and a base)
+            devices[i] = torch.device("cuda", torch.cuda.current_device())
+    return devices
+
+
+def build_models(
+    sources: list, share: bool = False, dtype: Any = None, devices: Sequence[Any] | None = None
+) -> list[PreTrainedModel]:
+    """Load each agent's model; a source repeated across agents is loaded once, then copied (or shared, among the
+    agents on one device when ``devices`` gives each agent's)."""
     models: list[PreTrainedModel] = []
-    groups = source_groups(sources)
+    groups = source_groups(sources, devices if share else None)
     for i, (src, group) in enumerate(zip(sources, groups)):
         first = groups.index(group)
         if first < i:

@@ -40,12 +40,17 @@ class PolicyUpdate:
     agents: list[Agent]  # this process's agents
     dist: Any  # comlrl.distributed placement under torchrun, else None
     device: torch.device
+    agent_devices: list[torch.device]  # agent index -> its device (args.agent_devices, else every agent on device)
     corrects_rollout: bool  # whether the loss reweights tokens by p_train / p_rollout
     rollout_is_cap: float  # the importance weight's upper bound
 
-    def autocast(self) -> torch.autocast:
-        """The training forward's autocast context (the trainer's)."""
+    def autocast(self, device: torch.device | None = None) -> torch.autocast:
+        """The training forward's autocast context on ``device`` (the trainer's)."""
         raise NotImplementedError
+
+    def device_of(self, agent: Agent) -> torch.device:
+        """Where ``agent`` computes: its model, reference, loss inputs and autocast."""
+        return self.agent_devices[agent.index]
 
     def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
         """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
@@ -141,9 +146,10 @@ class PolicyUpdate:
             if self.dist is not None:  # a sharded agent: every rank of its mesh runs as many passes
                 for _ in range(self.dist.lockstep_passes(agent, len(chunks)) - len(chunks)):
                     self._idle_pass(agent, iteration)
+            device = self.device_of(agent)
             for b, lo, sl in chunks:
-                tensors = self._chunk_tensors(batches[b][0], sl)
-                with self.autocast():
+                tensors = self._chunk_tensors(batches[b][0], sl, device)
+                with self.autocast(device):
                     logp = self._logprobs(agent.model, tensors)
                 self._chunk_loss(
                     agent,
@@ -151,7 +157,7 @@ class PolicyUpdate:
                     tensors,
                     batches[b][1][sl],
                     weights[b][sl],
-                    self._rollout_logp(batches[b][0], sl),
+                    self._rollout_logp(batches[b][0], sl, device),
                     frozen,
                     (b, lo),
                     iteration,
@@ -162,10 +168,10 @@ class PolicyUpdate:
     def _idle_pass(self, agent: Agent, iteration: int) -> None:
         """A forward/backward of zero weight on one token (and the reference's forward where the real chunks run
         one): what a rank with fewer rows runs so that every rank of a sharded agent takes part in each pass."""
-        pad = agent.tokenizer.pad_token_id or 0
-        tensors = [torch.full((1, 1), pad, device=self.device), torch.ones(1, 1, dtype=torch.long, device=self.device)]
+        pad, device = agent.tokenizer.pad_token_id or 0, self.device_of(agent)
+        tensors = [torch.full((1, 1), pad, device=device), torch.ones(1, 1, dtype=torch.long, device=device)]
         tensors = tensors * 2  # a one-token prompt and a one-token completion
-        with self.autocast():
+        with self.autocast(device):
             logp = self._logprobs(agent.model, tensors)
         if iteration == 0 and self.args.beta > 0:
             self._ref_logprobs(agent, tensors, FrozenLogprobs(), ("idle",))
@@ -174,7 +180,7 @@ class PolicyUpdate:
     def _accumulate_team(self, group: list[Agent], data: dict, iteration: int) -> dict[int, dict[str, float]]:
         """:meth:`_accumulate_agent` for agents sharing a LoRA base: each chunk of every agent in one routed
         forward and one backward of the summed losses (each adapter's gradient is its own agent's)."""
-        model = group[0].model
+        model, device = group[0].model, self.device_of(group[0])  # one shared base: one device
         if not model.training:
             model.train()
         for a in group:
@@ -182,8 +188,8 @@ class PolicyUpdate:
         metric_sums: dict[int, dict[str, float]] = {a.index: {} for a in group}
         with trainable([p for a in group for p in a.params]):  # PEFT freezes the adapters that are not active
             for b, lo, sl in self._chunks(data[group[0].index][0]):
-                parts = [self._chunk_tensors(data[a.index][0][b][0], sl) for a in group]
-                with self.autocast():
+                parts = [self._chunk_tensors(data[a.index][0][b][0], sl, device) for a in group]
+                with self.autocast(device):
                     logps = team_completion_logprobs(model, [a.adapter for a in group], parts, self.args.temperature)
                 total = sum(
                     self._chunk_loss(
@@ -192,7 +198,7 @@ class PolicyUpdate:
                         tensors,
                         data[a.index][0][b][1][sl],
                         data[a.index][1][b][sl],
-                        self._rollout_logp(data[a.index][0][b][0], sl),
+                        self._rollout_logp(data[a.index][0][b][0], sl, device),
                         data[a.index][2],
                         (b, lo),
                         iteration,
@@ -215,19 +221,20 @@ class PolicyUpdate:
         """Completion log-probs of one chunk under ``model`` (a sharded model's forward runs inside its FSDP hooks)."""
         return sharding.forward(model, completion_logprobs, model, *tensors, temperature=self.args.temperature)
 
-    def _chunk_tensors(self, samples: Any, sl: slice) -> list[torch.Tensor]:
+    def _chunk_tensors(self, samples: Any, sl: slice, device: torch.device) -> list[torch.Tensor]:
+        """The chunk's (prompt ids, prompt mask, completion ids, completion mask) on the model's ``device``."""
         return [
-            x[sl].to(self.device)
+            x[sl].to(device)
             for x in (samples.prompt_ids, samples.prompt_mask, samples.completion_ids, samples.completion_mask)
         ]
 
-    def _rollout_logp(self, samples: Any, sl: slice) -> torch.Tensor | None:
+    def _rollout_logp(self, samples: Any, sl: slice, device: torch.device) -> torch.Tensor | None:
         """The chunk's rollout log-probs when the loss corrects for the rollout's policy (``rollout_correction``)."""
         if not self.corrects_rollout:
             return None
         if samples.rollout_logprobs is None:
             raise RuntimeError("rollout_correction is on but the rollout recorded no log-probs")
-        return samples.rollout_logprobs[sl].to(self.device)
+        return samples.rollout_logprobs[sl].to(device)
 
     def _chunk_loss(
         self,
@@ -250,8 +257,8 @@ class PolicyUpdate:
         loss, m = policy_loss(
             logp,
             frozen.old[key],
-            adv.to(self.device),
-            weights.to(self.device),
+            adv.to(logp.device),
+            weights.to(logp.device),
             self.args.epsilon,
             ref,
             self.args.beta,
@@ -272,7 +279,7 @@ class PolicyUpdate:
         if key not in frozen.ref:
             ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
             model = agent.model if agent.adapter is not None else agent.ref_model
-            with torch.no_grad(), ctx, self.autocast():
+            with torch.no_grad(), ctx, self.autocast(self.device_of(agent)):
                 frozen.ref[key] = self._logprobs(model, tensors)
         return frozen.ref[key]
 

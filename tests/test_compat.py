@@ -1,0 +1,370 @@
+"""Scripts written for the reference library (PyPI comlrl 1.4.3) run here: its import paths, config fields and
+trainer keywords map onto ours with its meaning, and the aliases cannot drift from their targets."""
+
+import dataclasses
+import importlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import tiny_model, tiny_tokenizer
+
+import comlrl
+from comlrl import config as ours
+from comlrl.compat import fields as compat_fields
+from comlrl.compat.keywords import reference_hooks
+from comlrl.errors import ConfigError
+
+# The reference's public names by import path, and its config fields, as its 1.4.3 sources define them.
+REFERENCE_EXPORTS = {
+    "comlrl.trainers": [
+        "ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer", "MAGRPOConfig",
+        "MAGRPOTrainer", "MADPOConfig", "MADPOTrainer", "MARLHFConfig", "MARLHFTrainer", "JointRewardModel",
+        "MAREINFORCEConfig", "MAREINFORCETrainer", "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",
+    ],
+    "comlrl.trainers.reinforce": [
+        "MAGRPOConfig", "MAGRPOTrainer", "CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer", "MAREINFORCEConfig",
+        "MAREINFORCETrainer", "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",
+    ],
+    "comlrl.trainers.actor_critic": [
+        "ActorCriticTrainerBase", "IACConfig", "IACTrainer", "RolloutSample", "MAACConfig", "MAACTrainer",
+    ],
+    "comlrl.utils": ["RewardProcessors"],
+    "comlrl.utils.reward_processor": ["RewardProcessors"],
+}  # fmt: skip
+_MAGRPO_FIELDS = {
+    "num_train_epochs", "agent_learning_rate", "logging_steps", "num_agents", "parallel_training", "agent_devices",
+    "num_generations", "max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "discount", "joint_mode",
+    "early_termination_threshold", "external_prompt_passthrough", "eval_interval", "eval_num_samples",
+    "eval_batch_size", "rollout_buffer_size", "train_batch_size", "advantage_normalization", "advantage_mode",
+    "reference_kl_enabled", "reference_kl_coef", "reference_devices",
+}  # fmt: skip
+_AC_FIELDS = {
+    "agent_learning_rate", "critic_learning_rate", "rollout_buffer_size", "train_batch_size", "value_loss_coef",
+    "advantage_normalization", "max_new_tokens", "temperature", "top_p", "top_k", "num_train_epochs", "num_agents",
+    "num_generations", "num_turns", "parallel_training", "agent_devices", "critic_devices",
+    "external_prompt_passthrough", "discount", "critic_type", "early_termination_threshold", "eval_interval",
+    "eval_num_samples", "eval_batch_size", "logging_steps", "reference_kl_enabled", "reference_kl_coef",
+    "reference_devices", "use_separate_critic",
+}  # fmt: skip
+REFERENCE_FIELDS = {
+    "MAGRPOConfig": _MAGRPO_FIELDS,
+    "MAREINFORCEConfig": _MAGRPO_FIELDS,
+    "MAReMaxConfig": _MAGRPO_FIELDS,
+    "MARLOOConfig": _MAGRPO_FIELDS,
+    "CentralizedMAGRPOConfig": _MAGRPO_FIELDS | {"collaboration_mode"},
+    "IACConfig": _AC_FIELDS | {"value_clip_range", "value_head_hidden_dim", "critic_value_head_hidden_dim"},
+    "MAACConfig": _AC_FIELDS,
+}
+OUR_CONFIG = {  # the reference class -> our config it builds
+    "MAGRPOConfig": ours.MAGRPOConfig,
+    "MAREINFORCEConfig": ours.MAREINFORCEConfig,
+    "MAReMaxConfig": ours.MAReMaxConfig,
+    "MARLOOConfig": ours.MARLOOConfig,
+    "CentralizedMAGRPOConfig": ours.CentralizedMAGRPOConfig,
+    "IACConfig": ours.IACConfig,
+    "MAACConfig": ours.MAACConfig,
+}
+
+
+def _fields(cls):
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_reference_names_are_our_classes_and_the_tables_cover_its_fields():
+    for module, names in REFERENCE_EXPORTS.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            assert hasattr(mod, name), f"{module}.{name}"
+    reinforce = importlib.import_module("comlrl.trainers.reinforce")
+    actor_critic = importlib.import_module("comlrl.trainers.actor_critic")
+    for name in ("MAGRPOTrainer", "MAREINFORCETrainer", "MAReMaxTrainer", "MARLOOTrainer", "CentralizedMAGRPOTrainer"):
+        assert getattr(reinforce, name) is getattr(comlrl, name)  # one trainer, not a copy
+    assert actor_critic.ActorCriticTrainerBase is actor_critic.ActorCriticTrainer
+    assert actor_critic.IACConfig is comlrl.IACConfig and actor_critic.IACTrainer is comlrl.IACTrainer
+    for name, target in OUR_CONFIG.items():
+        if hasattr(reinforce, name):  # a reference-style subclass that adds no field of its own
+            alias = getattr(reinforce, name)
+            assert issubclass(alias, target) and alias.reference_style and _fields(alias) == _fields(target)
+        rules, _ = compat_fields.rules_for(target)
+        defaults = compat_fields.reference_defaults(target)
+        assert set(defaults) == REFERENCE_FIELDS[name], name  # the reference's defaults: its whole field list
+        for field in defaults:  # every reference field is translated or is a field of ours with its name
+            assert field in rules or field in _fields(target), (name, field)
+        for field, rule in rules.items():  # and every translation sets fields that exist
+            assert set(rule.sets) <= _fields(target), (name, field, rule.sets)
+
+
+def test_reference_fields_take_the_reference_meaning():
+    # rows per optimizer step: the reference counts tree nodes (2 turns, G = 3 aligned: 1 + 3 nodes per row)
+    assert ours.MAGRPOConfig(rollout_buffer_size=8, num_turns=1, num_generations=3).per_device_train_batch_size == 8
+    c = ours.MAGRPOConfig(rollout_buffer_size=8, train_batch_size=8, num_turns=2, num_generations=3)
+    assert c.per_device_train_batch_size == 2
+    # its advantage_normalization re-centres after the baseline, so raw returns standardize too
+    c = ours.MAGRPOConfig(advantage_normalization=True, advantage_mode="raw", num_turns=1)
+    assert (c.advantage_mode, c.scale_rewards) == ("none", "standardize")
+    c = ours.MAGRPOConfig(advantage_normalization=False, advantage_mode="rloo", num_turns=1)
+    assert (c.advantage_mode, c.scale_rewards) == ("loo", "none")
+    c = ours.MAGRPOConfig(early_termination_threshold=0.5, external_prompt_passthrough=True, num_turns=1)
+    assert (c.termination_threshold, c.termination_scope, c.format_transition_prompts) == (0.5, "node", False)
+    c = ours.MAGRPOConfig(reference_kl_enabled=True, reference_kl_coef=0.05, num_turns=1)
+    assert c.beta == 0.05
+    assert ours.MAGRPOConfig(reference_kl_coef=0.05, num_turns=1).beta == 0.0  # off unless enabled, as there
+    c = ours.MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"], num_turns=1)
+    assert c.agent_devices == ["cpu", "cpu"]
+    assert ours.MAGRPOConfig(parallel_training="none", agent_devices=["cpu"], num_turns=1).device == "cpu"
+    # unset fields take the reference's defaults, its loss and optimizer; fields of ours given win
+    c = ours.MAGRPOConfig(rollout_buffer_size=2, learning_rate=3e-4, temperature=0.9)
+    assert (c.learning_rate, c.temperature, c.top_p, c.top_k, c.num_turns, c.discount) == (3e-4, 0.9, 0.6, 50, 2, 1.0)
+    assert (c.loss_type, c.max_grad_norm, c.weight_decay, c.termination_threshold) == ("seq_sum", 0.0, 0.01, -0.2)
+    assert ours.MAGRPOConfig().temperature == 1.0  # our own names only: our defaults
+    reinforce = importlib.import_module("comlrl.trainers.reinforce")
+    assert reinforce.MAGRPOConfig().temperature == 0.6  # the reference's import path: its defaults
+    assert reinforce.MAREINFORCEConfig(num_turns=1).advantage_mode == "none"
+    # actor-critic: TD(0) targets, value clipping only on a head sharing the actor, critic lr None = the actor's
+    c = ours.IACConfig(rollout_buffer_size=4, num_turns=1, use_separate_critic=False, critic_learning_rate=None)
+    assert (c.per_device_train_batch_size, c.value_clip, c.gae_lambda, c.num_generations) == (4, 0.2, 0.0, 1)
+    assert c.critic_learning_rate == c.learning_rate == 5e-6
+    assert ours.MAACConfig(rollout_buffer_size=4, num_turns=1).value_clip is None
+
+
+def test_reference_field_errors_name_the_field():
+    with pytest.raises(ConfigError, match="per_device_train_batch_size=3 is given too"):
+        ours.MAGRPOConfig(rollout_buffer_size=4, per_device_train_batch_size=3)
+    with pytest.raises(ConfigError, match="Did you mean 'rollout_buffer_size'"):
+        ours.MAGRPOConfig(rollout_bufer_size=4)
+    with pytest.raises(ConfigError, match="parallel_training='mp' needs agent_devices"):
+        ours.MAGRPOConfig(parallel_training="mp", num_turns=1)
+    with pytest.raises(ConfigError, match="parallel_training='dp'"):
+        ours.MAGRPOConfig(parallel_training="dp", num_turns=1)
+    with pytest.raises(ConfigError, match="value_head_hidden_dim=64: comlrl's value head is one linear layer"):
+        ours.IACConfig(value_head_hidden_dim=64, num_turns=1)
+    with pytest.raises(ConfigError, match="rollout_buffer_size=0"):
+        ours.MAGRPOConfig(rollout_buffer_size=0)
+
+
+def test_each_translation_logs_one_line_on_first_use(caplog):
+    compat_fields._logged.clear()
+    with caplog.at_level(logging.INFO, logger="comlrl.compat"):
+        ours.MARLOOConfig(eval_interval=3, num_turns=1)
+        ours.MARLOOConfig(eval_interval=5, num_turns=1)
+    lines = [r.getMessage() for r in caplog.records if "eval_interval" in r.getMessage() and "->" in r.getMessage()]
+    assert len(lines) == 1 and "eval_interval=3" in lines[0] and "eval_steps" in lines[0]
+    assert sum("in the style of comlrl 1.4.3" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_reference_trainer_keywords_translate_or_fail_clearly():
+    args = ours.MAGRPOConfig(num_turns=1, report_to=[])
+    hooks = reference_hooks(
+        "MAGRPOTrainer",
+        args,
+        {
+            "model_config": {"torch_dtype": "bfloat16", "special_tokens": {"pad_token": "<pad>"}},
+            "wandb_config": {"project": "p", "run_name": "r", "tags": ["a"], "config_sections": {"dataset": {"x": 1}}},
+            "dataset_type": "humaneval",
+        },
+        ["model"],
+    )
+    assert args.bf16 is True and args.report_to == ["wandb"] and hooks.special_tokens == {"pad_token": "<pad>"}
+    assert hooks.wandb_init == {"project": "p", "name": "r", "tags": ["a"], "config": {"dataset": {"x": 1}}}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'eval_loger'.*Did you mean 'eval_logger'"):
+        reference_hooks("MAGRPOTrainer", args, {"eval_loger": print}, ["model"])
+    with pytest.raises(ConfigError, match="eval_logger and eval_aggregator work as a pair"):
+        reference_hooks("MAGRPOTrainer", args, {"eval_logger": print}, ["model"])
+    with pytest.raises(ConfigError, match="torch_dtype='float16'"):
+        reference_hooks("MAGRPOTrainer", args, {"model_config": {"torch_dtype": "float16"}}, ["model"])
+
+
+# ---------------------------------------------------------------- reference-style scripts on a tiny model
+ROWS = [{"prompt": f"Task {i}: say something.", "test": f"assert f({i})", "entry_point": "f"} for i in range(3)]
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+    path = tmp_path / "tiny-model"
+    tiny_model().save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def _moved(trainer, source):
+    from transformers import AutoModelForCausalLM
+
+    start = AutoModelForCausalLM.from_pretrained(source).state_dict()
+    return all(
+        any(not torch.equal(p.detach(), start[n]) for n, p in a.model.named_parameters()) for a in trainer.agents
+    )
+
+
+def _metrics(trainer):
+    return [json.loads(line) for line in (Path(trainer.args.output_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_reference_magrpo_multi_turn_script(tiny_dir, tmp_path):
+    # --- written as for the reference library (its import paths, field names and keywords) ---
+    from transformers import AutoTokenizer
+
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    from comlrl.utils.reward_processor import RewardProcessors
+
+    seen = []  # the prompt (agent 0's, as the reference passes it) of each joint action the reward scores
+
+    def reward_func(completion1, completion2, batch_items=None, prompts=None):
+        assert len(batch_items) == len(prompts) == len(completion1) == 1 and isinstance(prompts[0], str)
+        seen.append(prompts[0])
+        return [float(len(completion1[0]) % 2)]
+
+    def external_transition(
+        prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent
+    ):
+        return [f"Improve: {c[:5]}" for c in agent_completions]
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        return [
+            {"turns": len(agent_completions_turns[0][k]), "row": r["entry_point"]} for k, r in enumerate(batch_items)
+        ]
+
+    def eval_aggregator(metrics, num_turns):
+        return {"turn_1/rows": len(metrics), "turn_1/turns_seen": sum(m["turns"] for m in metrics) / len(metrics)}
+
+    args = MAGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_agents=2,
+        num_generations=2,
+        num_turns=2,
+        max_new_tokens=5,
+        num_train_epochs=1,
+        agent_learning_rate=1e-2,
+        rollout_buffer_size=3,
+        train_batch_size=3,
+        early_termination_threshold=None,
+        external_prompt_passthrough=False,
+        eval_interval=2,
+        eval_num_samples=2,
+        eval_batch_size=2,
+        logging_steps=1,
+    )
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_dir,
+        num_agents=2,
+        tokenizer=AutoTokenizer.from_pretrained(tiny_dir),
+        model_config={"torch_dtype": "float32"},
+        train_dataset=ROWS,
+        eval_dataset=ROWS,
+        reward_func=reward_func,
+        reward_processor=RewardProcessors.shift(10.0),
+        formatters=[lambda item: f"A: {item['prompt']}", lambda item: f"B: {item['prompt']}"],
+        external_transition=external_transition,
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        dataset_type="toy",
+        args=args,
+    )
+    trainer.train()
+    # --- what each mapped field did ---
+    metrics = _metrics(trainer)
+    # rollout_buffer_size = train_batch_size = 3 nodes = one row's tree (1 + G nodes): one row per step
+    assert trainer.args.per_device_train_batch_size == 1 and trainer.state["step"] == len(ROWS)
+    # external_prompt_passthrough=False: the transition's prompt went through the agent's formatter
+    later = [p for p in seen if "Improve:" in p]
+    assert later and all(p.startswith("A: Improve: ") for p in later)
+    # no early termination: every joint action got a second turn (G root joint actions -> G children, G each)
+    assert len(later) == len(ROWS) * 2 * 2 + 2  # G x G second-turn joint actions per row, + one eval of 2 paths
+    # reward_processor shifted the 0/1 reward; advantage_normalization standardized it; the agents learned
+    rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m]
+    assert len(rewards) == 3 and all(10.0 <= r <= 11.0 for r in rewards)
+    assert trainer.args.scale_rewards == "standardize" and _moved(trainer, tiny_dir)
+    # eval_interval=2 steps, eval_num_samples=2 rows: the aggregator's metrics under eval/
+    evals = [m for m in metrics if "eval/turn_1/rows" in m]
+    assert [m["step"] for m in evals] == [2] and evals[0]["eval/turn_1/rows"] == 2.0
+    assert evals[0]["eval/turn_1/turns_seen"] == 2.0  # the evaluated path played both turns
+
+
+def test_reference_early_termination_stops_a_node(tiny_dir, tmp_path):
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+    turns = []
+
+    def reward_func(a, b, batch_items=None, prompts=None):
+        turns.extend("Next" in p for p in prompts)
+        return [0.0] * len(a)
+
+    def run(threshold):
+        turns.clear()
+        args = MAGRPOConfig(
+            output_dir=str(tmp_path / f"run{threshold}"),
+            num_generations=2,
+            max_new_tokens=4,
+            rollout_buffer_size=3,
+            num_train_epochs=1,
+            early_termination_threshold=threshold,
+            external_prompt_passthrough=True,
+            eval_interval=0,
+        )
+        trainer = MAGRPOTrainer(
+            agent_model=tiny_dir,
+            reward_func=reward_func,
+            external_transition=lambda agent_completions, **kw: ["Next"] * 2,
+            train_dataset=ROWS[:1],
+            args=args,
+        )
+        trainer.train()
+        return sum(turns)
+
+    assert run(-0.2) == 0  # mean reward 0 > -0.2: the root node stops expanding (the reference's default)
+    assert run(0.0) == 4  # 0 is not > 0: the G = 2 joint actions each get a child, whose G joint actions are scored
+
+
+def test_reference_iac_and_maac_scripts(tiny_dir, tmp_path):
+    from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+
+    def reward_func(c1, c2):
+        return [float(len(a)) / 10 for a in c1]
+
+    calls = []
+
+    def metrics_callback(rollouts):
+        calls.append(rollouts)
+        return {"mean_completion_chars": sum(len(r.completion) for r in rollouts) / len(rollouts)}
+
+    for config_cls, trainer_cls, extra in (
+        (IACConfig, IACTrainer, {"value_clip_range": 0.2, "critic_learning_rate": None}),
+        (MAACConfig, MAACTrainer, {"critic_type": "q"}),
+    ):
+        calls.clear()
+        args = config_cls(
+            output_dir=str(tmp_path / trainer_cls.__name__),
+            num_agents=2,
+            num_turns=1,
+            num_generations=2,
+            max_new_tokens=4,
+            num_train_epochs=1,
+            rollout_buffer_size=4,
+            agent_learning_rate=1e-3,
+            use_separate_critic=True,
+            eval_interval=0,
+            **extra,
+        )
+        trainer = trainer_cls(
+            agent_model=tiny_dir,
+            critic_model=tiny_dir,
+            reward_func=reward_func,
+            formatters=[lambda item: item["prompt"]] * 2,
+            args=args,
+            train_dataset=ROWS[:2],
+            metrics_callback=metrics_callback,
+        )
+        trainer.train()
+        metrics = _metrics(trainer)
+        # rollout_buffer_size=4 samples, 2 per row (G = 2, one turn): both rows in one step
+        assert trainer.args.per_device_train_batch_size == 2 and trainer.state["step"] == 1
+        assert trainer.args.normalize_advantages and trainer.args.gae_lambda == 0.0
+        assert len(calls) == 1 and len(calls[0]) == 2 * 2 * 2  # agents x rows x samples, each a RolloutSample
+        first = calls[0][0]
+        assert first.agent_idx == 0 and first.metadata["turn_idx"] == 0 and isinstance(first.reward, torch.Tensor)
+        assert _moved(trainer, tiny_dir)
+        assert metrics[0]["mean_completion_chars"] == pytest.approx(
+            sum(len(r.completion) for r in calls[0]) / len(calls[0])
+        )
