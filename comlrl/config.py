@@ -13,6 +13,7 @@ import torch
 
 from .algorithms.advantages import JOINT_MODES
 from .algorithms.losses import LOSS_NORMALIZATIONS
+from .algorithms.preference import PAIR_MODES
 from .config_fields import config_class, help_field, suggest
 from .errors import ConfigError
 from .sharding import sharding_plan
@@ -586,7 +587,7 @@ class MAACConfig(ActorCriticConfig):
 
 
 PREFERENCE_SOURCES = ("online", "dataset")
-PAIR_SELECTIONS = ("reward_gap", "all", "random")
+PAIR_SELECTIONS = PAIR_MODES
 COMPARATORS = ("current", "initial", "history", "model", "api")
 COMPARATOR_GENERATIONS = ("decentralized", "centralized")  # how a text comparator ('model', 'api') answers
 COMPARATOR_API_FORMATS = ("generic", "openai", "anthropic", "openai_responses")  # engine.api_client.API_FORMATS
@@ -611,7 +612,8 @@ class PreferenceConfig(TrainConfig):
     pair_selection: str = help_field(
         "reward_gap",
         f"Which candidate pairs to keep per prompt: one of {PAIR_SELECTIONS} (largest reward gaps first, every pair, "
-        "a random subset); candidates whose rewards differ by at most tie_tolerance are ties and never paired.",
+        "a random subset, or with a comparator team the pairs whose comparator answer scored highest first); "
+        "candidates whose rewards differ by at most tie_tolerance are ties and never paired.",
     )
     pairs_per_prompt: int | None = help_field(2, "At most this many pairs per prompt (None = every untied pair).")
     tie_tolerance: float = help_field(0.0, "Rewards this close are a tie (dropped, counted in pairs/ties).")
@@ -671,8 +673,16 @@ class MADPOConfig(PreferenceConfig):
         "(the initial model, or the LoRA base with adapters off).",
     )
     num_rounds: int = help_field(1, "Online rounds of collect -> pair -> train, each with the current team.")
-    prompts_per_round: int = help_field(8, "Dataset rows whose candidates one round collects (one batched rollout).")
-    steps_per_round: int = help_field(4, "Optimizer steps per round over the round's pairs (and replayed ones).")
+    prompts_per_round: int | None = help_field(
+        8, "Dataset rows whose candidates one round collects (one batched rollout); None: every row of train_dataset."
+    )
+    steps_per_round: int | None = help_field(
+        4,
+        "Optimizer steps per round over the round's pairs (and replayed ones). None: num_train_epochs passes over the "
+        "round's pair slots, prompts_per_round x pairs_per_prompt (every untied pair: K(K-1)/2 per prompt), rounded "
+        "up to whole steps of per_device_train_batch_size x gradient_accumulation_steps pairs (TRL's epochs over a "
+        "preference dataset; the reference library's MADPO).",
+    )
     comparator: str = help_field(
         "current",
         f"Where the other side of a pair comes from: one of {COMPARATORS}. 'current': all num_generations candidates "
@@ -758,8 +768,8 @@ class MADPOConfig(PreferenceConfig):
             (0.0 <= self.label_smoothing < 0.5, "label_smoothing", "must be in [0, 0.5)"),
             (self.label_smoothing == 0 or self.loss_type == "sigmoid", "label_smoothing", "applies to sigmoid only"),
             (self.num_rounds >= 1, "num_rounds", "must be >= 1"),
-            (self.prompts_per_round >= 1, "prompts_per_round", "must be >= 1"),
-            (self.steps_per_round >= 1, "steps_per_round", "must be >= 1"),
+            (self.prompts_per_round is None or self.prompts_per_round >= 1, "prompts_per_round", "must be >= 1"),
+            (self.steps_per_round is None or self.steps_per_round >= 1, "steps_per_round", "must be >= 1"),
             (self.comparator_lag >= 1, "comparator_lag", "must be >= 1"),
             (
                 (self.comparator == "model") == bool(self.comparator_model),
@@ -835,7 +845,9 @@ class MARLHFConfig(PreferenceConfig):
 
     rl_algorithm: str = help_field("magrpo", "Stage 3's algorithm: magrpo, mareinforce, marloo, maremax, iac or maac.")
     rl_args: dict = help_field({}, "Fields of the stage 3 algorithm's config that are not TrainConfig's.")
-    preference_prompts: int = help_field(16, "Stage 1: dataset rows whose candidates are collected and paired.")
+    preference_prompts: int | None = help_field(
+        16, "Stage 1: dataset rows whose candidates are collected and paired; None: every row of train_dataset."
+    )
     candidates_per_prompt: int = help_field(4, "Stage 1: joint candidates per prompt (K).")
     reward_model: str | None = help_field(
         None, "Stage 2: backbone source of the reward model (None = the first agent's model source)."
@@ -869,7 +881,7 @@ class MARLHFConfig(PreferenceConfig):
         super().__post_init__()
         self._check_choice("reward_model_training", REWARD_MODEL_TRAINING)
         checks = [
-            (self.preference_prompts >= 1, "preference_prompts", "must be >= 1"),
+            (self.preference_prompts is None or self.preference_prompts >= 1, "preference_prompts", "must be >= 1"),
             (self.candidates_per_prompt >= 2, "candidates_per_prompt", "must be >= 2 (a pair needs two)"),
             (self.reward_model_learning_rate > 0, "reward_model_learning_rate", "must be > 0"),
             (self.reward_model_epochs >= 1, "reward_model_epochs", "must be >= 1"),

@@ -31,6 +31,11 @@ REFERENCE_EXPORTS = {
     "comlrl.trainers.actor_critic": [
         "ActorCriticTrainerBase", "IACConfig", "IACTrainer", "RolloutSample", "MAACConfig", "MAACTrainer",
     ],
+    "comlrl.trainers.preference": [
+        "MADPOConfig", "MADPOTrainer", "CentralizedComparatorAdapter", "CentralizedComparatorParseError",
+        "TaggedCentralizedComparatorAdapter", "MADPOIterConfig", "MADPOIterTrainer", "MARLHFConfig", "MARLHFTrainer",
+        "MARLHFIterConfig", "MARLHFIterTrainer", "JointRewardModel",
+    ],
     "comlrl.utils": ["RewardProcessors"],
     "comlrl.utils.reward_processor": ["RewardProcessors"],
 }  # fmt: skip
@@ -49,7 +54,30 @@ _AC_FIELDS = {
     "eval_num_samples", "eval_batch_size", "logging_steps", "reference_kl_enabled", "reference_kl_coef",
     "reference_devices", "use_separate_critic",
 }  # fmt: skip
+_MADPO_FIELDS = (_MAGRPO_FIELDS - {"num_generations"}) | {
+    "collaboration_mode", "preference_num_candidates", "preference_pairs_per_sample",
+    "pair_selection", "dpo_beta", "use_environment_step", "environment_steps_per_pair",
+}  # fmt: skip
+_MARLHF_FIELDS = _MADPO_FIELDS | {
+    "rl_algorithm", "num_generations", "reward_model_name", "reward_model_device", "reward_learning_rate", "reward_num_train_epochs",
+    "reward_train_batch_size", "reward_max_length", "reward_freeze_backbone", "critic_model_name",
+    "critic_learning_rate", "critic_devices", "use_separate_critic", "critic_type", "value_loss_coef",
+    "value_clip_range", "critic_value_head_hidden_dim", "value_head_hidden_dim",
+}  # fmt: skip
+_ITERATIVE_FIELDS = {
+    "num_iterations", "preference_replay_mode", "preference_replay_k", "preference_replay_lambda",
+    "preference_replay_sample_size", "preference_replay_dir", "log_reward_distribution", "policy_checkpoint_dir",
+    "comparator_policy", "comparator_generation_mode", "comparator_centralized_agent_index", "comparator_model_name",
+    "comparator_agents", "comparator_devices", "comparator_num_candidates", "comparator_history_k",
+    "comparator_api_url", "comparator_api_format", "comparator_api_model", "comparator_api_max_n_per_request",
+    "comparator_api_timeout", "comparator_api_headers", "comparator_api_key", "comparator_api_key_env",
+    "comparator_api_key_header", "comparator_api_key_prefix", "comparator_api_response_field",
+    "comparator_api_extra_body",
+}  # fmt: skip
 REFERENCE_FIELDS = {
+    "MADPOConfig": _MADPO_FIELDS,
+    "MARLHFConfig": _MARLHF_FIELDS,
+    "MADPOIterConfig": _MADPO_FIELDS | _ITERATIVE_FIELDS,
     "MAGRPOConfig": _MAGRPO_FIELDS,
     "MAREINFORCEConfig": _MAGRPO_FIELDS,
     "MAReMaxConfig": _MAGRPO_FIELDS,
@@ -66,6 +94,9 @@ OUR_CONFIG = {  # the reference class -> our config it builds
     "CentralizedMAGRPOConfig": ours.CentralizedMAGRPOConfig,
     "IACConfig": ours.IACConfig,
     "MAACConfig": ours.MAACConfig,
+    "MADPOConfig": ours.MADPOConfig,
+    "MARLHFConfig": ours.MARLHFConfig,
+    "MADPOIterConfig": importlib.import_module("comlrl.trainers.preference").MADPOIterConfig,
 }
 
 
@@ -84,10 +115,17 @@ def test_reference_names_are_our_classes_and_the_tables_cover_its_fields():
         assert getattr(reinforce, name) is getattr(comlrl, name)  # one trainer, not a copy
     assert actor_critic.ActorCriticTrainerBase is actor_critic.ActorCriticTrainer
     assert actor_critic.IACConfig is comlrl.IACConfig and actor_critic.IACTrainer is comlrl.IACTrainer
+    preference = importlib.import_module("comlrl.trainers.preference")
+    assert preference.MADPOIterTrainer is preference.MADPOTrainer is comlrl.MADPOTrainer
+    assert preference.MARLHFTrainer is comlrl.MARLHFTrainer and preference.MARLHFConfig is comlrl.MARLHFConfig
+    assert issubclass(preference.MADPOIterConfig, ours.MADPOConfig) and preference.MADPOIterConfig.reference_style
+    with pytest.raises(ConfigError, match="iterative MARLHF is not built"):
+        preference.MARLHFIterConfig(num_iterations=2)
     for name, target in OUR_CONFIG.items():
         if hasattr(reinforce, name):  # a reference-style subclass that adds no field of its own
             alias = getattr(reinforce, name)
             assert issubclass(alias, target) and alias.reference_style and _fields(alias) == _fields(target)
+        assert _fields(target) == _fields(ours.MADPOConfig) or not name.startswith("MADPOIter")
         rules, _ = compat_fields.rules_for(target)
         defaults = compat_fields.reference_defaults(target)
         assert set(defaults) == REFERENCE_FIELDS[name], name  # the reference's defaults: its whole field list
@@ -128,6 +166,30 @@ def test_reference_fields_take_the_reference_meaning():
     assert (c.per_device_train_batch_size, c.value_clip, c.gae_lambda, c.num_generations) == (4, 0.2, 0.0, 1)
     assert c.critic_learning_rate == c.learning_rate == 5e-6
     assert ours.MAACConfig(rollout_buffer_size=4, num_turns=1).value_clip is None
+
+
+def test_reference_preference_fields_take_the_reference_meaning():
+    c = ours.MADPOConfig(preference_num_candidates=4, preference_pairs_per_sample=3, dpo_beta=0.3, train_batch_size=5)
+    assert (c.num_generations, c.pairs_per_prompt, c.beta, c.per_device_train_batch_size) == (4, 3, 0.3, 5)
+    assert (c.reference_free, c.num_rounds, c.prompts_per_round, c.steps_per_round) == (True, 1, None, None)
+    m = ours.MARLHFConfig(rl_algorithm="maac", reward_freeze_backbone=False, critic_type="q", num_turns=1)
+    assert m.reward_model_training == "full" and m.rl_args["critic_type"] == "q" and m.rl_args["gae_lambda"] == 0.0
+    m = ours.MARLHFConfig(reward_max_length=None, rl_args={"beta": 0.5, "advantage_mode": "loo"})
+    assert m.rl_args["beta"] == 0.5 and m.rl_args["advantage_mode"] == "loo"  # the caller's rl_args win, key by key
+    assert m.rl_args["scale_rewards"] == "standardize" and m.reward_model_max_length == 1024
+    preference = importlib.import_module("comlrl.trainers.preference")
+    it = preference.MADPOIterConfig(preference_replay_mode="lambda_decay", preference_replay_lambda=0.25)
+    assert (it.replay, it.replay_decay, it.num_rounds, it.comparator) == ("decay", 0.25, 6, "current")
+    it = preference.MADPOIterConfig(
+        comparator_policy="model", comparator_agents=["m", "m"], comparator_generation_mode="centralized"
+    )
+    assert (it.comparator, it.comparator_model, it.comparator_generation) == ("model", "m", "centralized")
+    with pytest.raises(ConfigError, match="comparator_api_key="):
+        preference.MADPOIterConfig(comparator_api_key="sk-123")
+    with pytest.raises(ConfigError, match="collaboration_mode='centralized'"):
+        ours.MADPOConfig(collaboration_mode="centralized")
+    with pytest.raises(ConfigError, match="comparator_agents=.*one source"):
+        preference.MADPOIterConfig(comparator_policy="model", comparator_agents=["a", "b"])
 
 
 def test_reference_field_errors_name_the_field():
@@ -368,3 +430,115 @@ def test_reference_iac_and_maac_scripts(tiny_dir, tmp_path):
         assert metrics[0]["mean_completion_chars"] == pytest.approx(
             sum(len(r.completion) for r in calls[0]) / len(calls[0])
         )
+
+
+def _len_reward(c1, c2):
+    return [float(len(c1[0]) + 2 * len(c2[0]))]
+
+
+def test_reference_madpo_script(tiny_dir, tmp_path):
+    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, read_jsonl, shard_path
+
+    args = MADPOConfig(
+        output_dir=str(tmp_path / "madpo"),
+        num_agents=2,
+        num_train_epochs=2,
+        agent_learning_rate=1e-3,
+        max_new_tokens=5,
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        pair_selection="reward_gap",
+        dpo_beta=0.2,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        logging_steps=1,
+    )
+    trainer = MADPOTrainer(
+        agent_model=tiny_dir,
+        num_agents=2,
+        train_dataset=ROWS,
+        reward_func=_len_reward,
+        formatters=[lambda item: item["prompt"]] * 2,
+        model_config={},
+        wandb_config=None,
+        args=args,
+    )
+    trainer.train()
+    pairs = read_jsonl(shard_path(args.output_dir, 0))
+    # one round over every row, 3 candidates each, at most 2 pairs per prompt, the largest gaps
+    assert trainer.args.num_generations == 3 and trainer.args.reference_free and trainer.args.beta == 0.2
+    assert {p["row"] for p in pairs} <= set(range(len(ROWS))) and all(
+        p["chosen_reward"] > p["rejected_reward"] for p in pairs
+    )
+    by_row = {r: [p for p in pairs if p["row"] == r] for r in range(len(ROWS))}
+    assert all(len(v) <= 2 for v in by_row.values())
+    # num_train_epochs=2 passes over 3 rows x 2 pair slots, 2 pairs per step (train_batch_size = the buffer)
+    assert trainer.state["step"] == 6 and _moved(trainer, tiny_dir)
+
+
+def test_reference_marlhf_script(tiny_dir, tmp_path):
+    from comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
+
+    args = MARLHFConfig(
+        output_dir=str(tmp_path / "marlhf"),
+        num_agents=2,
+        rl_algorithm="magrpo",
+        num_generations=2,
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        reward_learning_rate=1e-3,
+        reward_num_train_epochs=1,
+        reward_train_batch_size=2,
+        reward_freeze_backbone=True,
+        num_train_epochs=1,
+        max_new_tokens=5,
+        agent_learning_rate=1e-3,
+        eval_interval=0,
+        advantage_normalization=True,
+    )
+    trainer = MARLHFTrainer(agent_model=tiny_dir, num_agents=2, reward_func=_len_reward, train_dataset=ROWS, args=args)
+    out = trainer.train()
+    a = trainer.args
+    assert (a.candidates_per_prompt, a.pairs_per_prompt, a.preference_prompts) == (3, 2, None)
+    assert (a.reward_model_training, a.reward_model_learning_rate, a.reward_model_batch_size) == ("head", 1e-3, 2)
+    assert a.reward_model_normalize is False  # the reference's stage 3 reads the raw score
+    rl = trainer.rl.args  # stage 3: the reference's MAGRPO (standardized advantages, its loss, 2 rows per step)
+    assert (rl.scale_rewards, rl.loss_type, rl.per_device_train_batch_size) == ("standardize", "seq_sum", 2)
+    assert out["reward_model"]["reward_model/pairs"] + out["reward_model"]["reward_model/eval_pairs"] > 0
+    assert trainer.rl.state["step"] == 2 and _moved(trainer.rl, tiny_dir)
+
+
+def test_reference_iterative_madpo_script(tiny_dir, tmp_path):
+    from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer, read_jsonl, shard_path
+
+    args = MADPOIterConfig(
+        output_dir=str(tmp_path / "iter"),
+        num_agents=2,
+        num_iterations=2,
+        num_train_epochs=1,
+        agent_learning_rate=1e-3,
+        max_new_tokens=5,
+        preference_num_candidates=2,
+        preference_pairs_per_sample=1,
+        comparator_policy="history",
+        comparator_history_k=1,
+        preference_replay_mode="nearest_k",
+        preference_replay_k=2,
+        rollout_buffer_size=3,
+        eval_interval=0,
+    )
+    trainer = MADPOIterTrainer(
+        agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=_len_reward, args=args
+    )
+    metrics = trainer.train()
+    a = trainer.args
+    assert (a.num_rounds, a.comparator, a.comparator_lag, a.replay, a.replay_k) == (2, "history", 1, "last_k", 2)
+    assert a.pair_selection == "comparator_reward"
+    # each round: every row, one pair per prompt across the team and its snapshot, one pass (3 pairs / 3 per step)
+    assert trainer.state["step"] == 2
+    for r in (0, 1):
+        pairs = read_jsonl(shard_path(a.output_dir, r))
+        assert 0 < len(pairs) <= len(ROWS)
+    rows = trainer.history  # logging_steps=50 (the reference's default) wrote no line in 2 steps
+    assert rows[-1]["pairs/pool"] > rows[0]["pairs/pool"]  # round 1 also draws from round 0's pairs (k = 2)
+    assert metrics is not None and _moved(trainer, tiny_dir)

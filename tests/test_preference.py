@@ -374,3 +374,14 @@ def test_replay_sample_more_fresh_pairs_than_slots_takes_a_subset_of_them() -> N
         replay_sample(torch.tensor([0.0]), torch.tensor([False]), 3, torch.Generator())
     with pytest.raises(ValueError, match="weights"):
         replay_sample(torch.tensor([1.0, 1.0]), torch.tensor([True]), 3, torch.Generator())
+
+
+def test_comparator_reward_selection_by_hand():
+    """Team candidates 0, 1 (side 0) against comparator candidates 2, 3 (side 1), rewards [3, 0, 2, 1]: the cross
+    pairs with a gap are (0, 2) gap 1, (0, 3) gap 2, (2, 1) gap 2, (3, 1) gap 1. Highest comparator reward first:
+    candidate 2 (reward 2) in (2, 1) and (0, 2), larger gap first, then candidate 3's (0, 3), (3, 1)."""
+    r = torch.tensor([3.0, 0.0, 2.0, 1.0])
+    sel = select_pairs(r, "comparator_reward", None, sides=[0, 0, 1, 1])
+    assert sel.pairs == [(2, 1), (0, 2), (0, 3), (3, 1)]
+    assert select_pairs(r, "comparator_reward", 2, sides=[0, 0, 1, 1]).pairs == [(2, 1), (0, 2)]
+    assert select_pairs(r, "comparator_reward", 2).pairs == select_pairs(r, "reward_gap", 2).pairs  # no sides

@@ -172,7 +172,7 @@ def pair_accuracy(score_chosen: torch.Tensor, score_rejected: torch.Tensor) -> t
     return (score_chosen > score_rejected).float().mean().detach()
 
 
-PAIR_MODES = ("reward_gap", "all", "random")
+PAIR_MODES = ("reward_gap", "all", "random", "comparator_reward")
 
 
 @dataclass
@@ -196,7 +196,9 @@ def select_pairs(
     Candidates: every (i, j) with rewards[i] - rewards[j] > tie_tolerance (i chosen, j rejected); two candidates
     with |r_i - r_j| <= tie_tolerance are a tie, never paired, and counted once in ``ties``.
     ``mode``: 'all': every candidate, ordered by (i, j); 'reward_gap': largest gap first, ties of gaps broken by
-    (i, j); 'random': a uniform random subset (torch.randperm with ``generator``), ordered by (i, j).
+    (i, j); 'random': a uniform random subset (torch.randperm with ``generator``), ordered by (i, j);
+    'comparator_reward' (the reference library's iterative default): the pairs whose comparator-side candidate (side
+    > 0) has the highest reward first, then the largest gap (without sides: as 'reward_gap').
     At most ``pairs_per_prompt`` pairs are kept (None: all). ``sides`` (K,): which team made each candidate (the
     team being trained and a comparator): only candidates of different sides are paired or counted as ties.
     """
@@ -219,8 +221,12 @@ def select_pairs(
     # ordered by (i, j)
     pairs = [(i, j) for i in range(k) for j in range(k) if side[i] != side[j] and r[i] - r[j] > tie_tolerance]
     cap = len(pairs) if pairs_per_prompt is None else min(pairs_per_prompt, len(pairs))
-    if mode == "reward_gap":
+    if mode == "reward_gap" or mode == "comparator_reward" and sides is None:
         pairs = sorted(pairs, key=lambda p: (-(r[p[0]] - r[p[1]]), p))[:cap]
+    elif mode == "comparator_reward":
+        other = [max(i, j, key=lambda c: side[c]) for i, j in pairs]  # the candidate from the comparator's side
+        order = sorted(range(len(pairs)), key=lambda n: (-r[other[n]], -(r[pairs[n][0]] - r[pairs[n][1]]), pairs[n]))
+        pairs = [pairs[n] for n in order[:cap]]
     elif mode == "random":
         keep = torch.randperm(len(pairs), generator=generator)[:cap].tolist()
         pairs = [pairs[i] for i in sorted(keep)]

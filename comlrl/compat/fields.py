@@ -197,8 +197,252 @@ ACTOR_CRITIC: dict[str, Rule] = {
     "critic_devices": _dropped("a critic lives on its agent's device (MAAC's: agent 0's)"),
 }
 
+
+def _preference_batch(v: Any, ref: dict) -> dict:
+    batch = ref.get("train_batch_size")
+    batch = int(v) if batch is None else int(batch)
+    if int(v) < 1 or batch < 1:
+        raise ConfigError(f"rollout_buffer_size={v}, train_batch_size={batch}: both must be >= 1.")
+    return {"per_device_train_batch_size": batch}
+
+
+def _decentralized(v: Any, ref: dict) -> dict:
+    _choice("collaboration_mode", v, ("decentralized", "centralized"))
+    if v == "centralized":
+        raise ConfigError(
+            "collaboration_mode='centralized': comlrl's preference trainers train a decentralized team; one model "
+            "answering every role is CentralizedMAGRPOTrainer (or comparator_generation='centralized' for MADPO's "
+            "comparator)."
+        )
+    return {}
+
+
+def _ac_algorithm(ref: dict) -> bool:
+    return str(ref.get("rl_algorithm", "magrpo")).lower() in ("iac", "maac")
+
+
+def _rl_rows(v: Any, ref: dict) -> dict:
+    per_row = (lambda r: int(r.get("num_generations", 4))) if _ac_algorithm(ref) else _tree_nodes
+    return _rows_per_step(per_row)(v, ref)
+
+
+def _rl_advantages(v: Any, ref: dict) -> dict:
+    if _ac_algorithm(ref):
+        return {"rl_args": {"normalize_advantages": bool(v)}}
+    mode = {"raw": "none", "rloo": "loo"}.get(ref.get("advantage_mode", "mean"), ref.get("advantage_mode", "mean"))
+    return {"rl_args": {"scale_rewards": "standardize" if v else "none", "advantage_mode": mode}}
+
+
+def _rl_arg(
+    ours: str, convert: Callable[[Any], Any] = lambda v: v, when: Callable[[dict], bool] = _ac_algorithm
+) -> Convert:
+    return lambda v, ref: {"rl_args": {ours: convert(v)}} if when(ref) and v is not None else {}
+
+
+def _reward_training(v: Any, ref: dict) -> dict:
+    return {"reward_model_training": "head" if v else "full"}
+
+
+PREFERENCE: dict[str, Rule] = {  # MADPO's fields, which MARLHF inherits there
+    "collaboration_mode": Rule(_decentralized, (), "'decentralized' only"),
+    "preference_pairs_per_sample": _rename("pairs_per_prompt"),
+    "use_environment_step": _dropped("the reference's logging x-axis; we log per optimizer step"),
+    "environment_steps_per_pair": _dropped("the reference's logging x-axis; we log per optimizer step"),
+    "joint_mode": _dropped("single-turn candidates: one joint answer per candidate"),
+}
+MADPO: dict[str, Rule] = {
+    "rollout_buffer_size": Rule(
+        _preference_batch, ("per_device_train_batch_size",), "with train_batch_size -> pairs per optimizer step"
+    ),
+    "train_batch_size": _consumed("rollout_buffer_size"),
+    "preference_num_candidates": _rename("num_generations", "joint candidates per prompt"),
+    "dpo_beta": _rename("beta"),
+    "advantage_normalization": _dropped("MADPO has no advantages"),
+    "advantage_mode": _dropped("MADPO has no advantages"),
+    "reference_kl_enabled": _dropped("the reference's MADPO never reads it; reference_free=True is its form"),
+    "reference_kl_coef": _dropped("the reference's MADPO never reads it"),
+}
+MARLHF: dict[str, Rule] = {
+    "rollout_buffer_size": Rule(
+        _rl_rows, ("per_device_train_batch_size",), "with train_batch_size -> stage 3's rows per optimizer step"
+    ),
+    "train_batch_size": _consumed("rollout_buffer_size"),
+    "preference_num_candidates": _rename("candidates_per_prompt", "stage 1's joint candidates per prompt"),
+    "dpo_beta": _dropped("MARLHF trains a reward model, not DPO"),
+    "advantage_normalization": Rule(_rl_advantages, ("rl_args",), "with advantage_mode -> stage 3's rl_args"),
+    "advantage_mode": _consumed("advantage_normalization"),
+    "reference_kl_enabled": Rule(
+        lambda v, ref: {"rl_args": {"beta": float(ref.get("reference_kl_coef", 0.1)) if v else 0.0}},
+        ("rl_args",),
+        "with reference_kl_coef -> stage 3's rl_args beta",
+    ),
+    "reference_kl_coef": _consumed("reference_kl_enabled"),
+    "reward_model_name": _rename("reward_model"),
+    "reward_model_device": _dropped("the reward model lives on the trainer's device"),
+    "reward_learning_rate": _rename("reward_model_learning_rate"),
+    "reward_num_train_epochs": _rename("reward_model_epochs"),
+    "reward_train_batch_size": _rename("reward_model_batch_size"),
+    "reward_max_length": Rule(
+        lambda v, ref: {"reward_model_max_length": v} if v is not None else {},
+        ("reward_model_max_length",),
+        "-> reward_model_max_length (None: ours)",
+    ),
+    "reward_freeze_backbone": Rule(
+        _reward_training, ("reward_model_training",), "-> reward_model_training 'head' (True) or 'full'"
+    ),
+    "critic_model_name": Rule(_rl_arg("critic_model"), ("rl_args",), "-> stage 3's rl_args critic_model"),
+    "critic_learning_rate": Rule(
+        lambda v, ref: _rl_arg("critic_learning_rate")(v if v is not None else ref.get("agent_learning_rate"), ref),
+        ("rl_args",),
+        "-> stage 3's rl_args (None: the agents' learning rate)",
+    ),
+    "rl_algorithm": Rule(
+        lambda v, ref: {
+            "rl_algorithm": v,
+            "rl_args": {"gae_lambda": 0.0, "critic_max_grad_norm": 0.0}
+            if _ac_algorithm(ref)
+            else {"loss_type": "seq_sum"},
+        },
+        ("rl_algorithm",),
+        "keeps its name; stage 3 takes the reference's loss (seq_sum) or TD(0) targets",
+    ),
+    "use_separate_critic": Rule(_rl_arg("use_separate_critic"), ("rl_args",), "-> stage 3's rl_args"),
+    "critic_type": Rule(_rl_arg("critic_type"), ("rl_args",), "-> stage 3's rl_args"),
+    "value_clip_range": Rule(
+        lambda v, ref: _rl_arg("value_clip")(None if ref.get("use_separate_critic", True) else v, ref),
+        ("rl_args",),
+        "-> stage 3's rl_args value_clip (only on a value head sharing the actor, as there)",
+    ),
+    "value_loss_coef": ACTOR_CRITIC["value_loss_coef"],
+    "value_head_hidden_dim": ACTOR_CRITIC["value_head_hidden_dim"],
+    "critic_value_head_hidden_dim": ACTOR_CRITIC["critic_value_head_hidden_dim"],
+    "critic_devices": ACTOR_CRITIC["critic_devices"],
+}
+
+REPLAY_MODES = {"current": "current", "nearest_k": "last_k", "all_history": "all", "lambda_decay": "decay"}
+REPLAY_ALIASES = {
+    "latest": "current",
+    "new": "current",
+    "recent_k": "nearest_k",
+    "last_k": "nearest_k",
+    "k": "nearest_k",
+}
+REPLAY_ALIASES |= {"lambda": "lambda_decay", "td_lambda": "lambda_decay", "td-lambda": "lambda_decay"}
+COMPARATOR_POLICIES = {"current": "current", "current_copy": "current", "model": "model", "history": "history"}
+COMPARATOR_POLICIES |= {"api": "api", "self": "current", "online": "current", "copy": "current", "external": "model"}
+
+
+def _replay(v: Any, ref: dict) -> dict:
+    mode = REPLAY_ALIASES.get(str(v).lower(), str(v).lower())
+    _choice("preference_replay_mode", mode, tuple(REPLAY_MODES))
+    lam = ref.get("preference_replay_lambda")
+    if mode == "lambda_decay" and lam is not None and float(lam) == 0.0:
+        return {"replay": "current"}  # lambda 0: every stored round but this one weighs 0
+    return {"replay": REPLAY_MODES[mode]}
+
+
+def _comparator_policy(v: Any, ref: dict) -> dict:
+    policy = str(v).lower()
+    _choice("comparator_policy", policy, tuple(COMPARATOR_POLICIES))
+    return {"comparator": COMPARATOR_POLICIES[policy]}
+
+
+def _comparator_agents(v: Any, ref: dict) -> dict:
+    if v is None:
+        return {}
+    sources = [v] if isinstance(v, str) else list(v)
+    if len(set(map(str, sources))) != 1:
+        raise ConfigError(
+            f"comparator_agents={sources!r}: comlrl's comparator is one model answering for every agent "
+            "(comparator_model); give one source."
+        )
+    return {"comparator_model": sources[0]}
+
+
+def _only(name: str, allowed: tuple, why: str) -> Rule:
+    def convert(v: Any, ref: dict) -> dict:
+        if v not in allowed:
+            raise ConfigError(f"{name}={v!r}: {why}")
+        return {}
+
+    return Rule(convert, (), f"accepted as {allowed[0]!r} only")
+
+
+def _comparator_candidates(v: Any, ref: dict) -> dict:
+    if v is not None and int(v) != int(ref.get("preference_num_candidates", v)):
+        raise ConfigError(
+            f"comparator_num_candidates={v}: comlrl's comparator answers as many candidates as the team "
+            "(num_generations); leave it None."
+        )
+    return {}
+
+
+ITERATIVE: dict[str, Rule] = {  # MADPOIterConfig's own fields
+    "num_iterations": _rename("num_rounds", "collect -> pair -> train rounds"),
+    "preference_replay_mode": Rule(
+        _replay, ("replay",), "-> replay (nearest_k -> last_k, all_history -> all, lambda_decay -> decay)"
+    ),
+    "preference_replay_k": Rule(
+        lambda v, ref: {"replay_k": int(v)} if v is not None else {}, ("replay_k",), "-> replay_k"
+    ),
+    "preference_replay_lambda": Rule(
+        lambda v, ref: {"replay_decay": float(v)} if v not in (None, 0, 0.0) else {},
+        ("replay_decay",),
+        "-> replay_decay (pairs of age a drawn in proportion to lambda ** a, as (1 - lambda) lambda ** a there)",
+    ),
+    "preference_replay_sample_size": _dropped(
+        "a round trains steps_per_round x batch pair slots: its own pairs first, then replayed ones"
+    ),
+    "preference_replay_dir": _dropped("pairs are stored in <output_dir>/pairs/"),
+    "policy_checkpoint_dir": _dropped("the comparator's snapshots are kept under output_dir"),
+    "log_reward_distribution": _dropped("every round's team and comparator rewards go to pairs/rounds.jsonl"),
+    "comparator_policy": Rule(
+        _comparator_policy,
+        ("comparator",),
+        "-> comparator (current_copy -> current: the same team at the round's start)",
+    ),
+    "comparator_generation_mode": Rule(
+        lambda v, ref: {"comparator_generation": {"centralised": "centralized"}.get(str(v).lower(), str(v).lower())},
+        ("comparator_generation",),
+        "-> comparator_generation",
+    ),
+    "comparator_centralized_agent_index": _only(
+        "comparator_centralized_agent_index", (0,), "comlrl's centralized comparator is comparator_model itself"
+    ),
+    "comparator_model_name": Rule(
+        lambda v, ref: {"comparator_model": v} if v is not None else {}, ("comparator_model",), "-> comparator_model"
+    ),
+    "comparator_agents": Rule(_comparator_agents, ("comparator_model",), "-> comparator_model (one source)"),
+    "comparator_devices": _dropped("the comparator lives on the trainer's device"),
+    "comparator_num_candidates": Rule(_comparator_candidates, (), "None (as many as the team) only"),
+    "comparator_history_k": Rule(
+        lambda v, ref: {"comparator_lag": int(v)} if v is not None else {}, ("comparator_lag",), "-> comparator_lag"
+    ),
+    "comparator_api_key": _only(
+        "comparator_api_key",
+        (None,),
+        "keep the key out of the config: put it in an environment variable and name it in comparator_api_key_env",
+    ),
+    "comparator_api_key_header": _only(
+        "comparator_api_key_header", ("Authorization",), "the header follows comparator_api_format here"
+    ),
+    "comparator_api_key_prefix": _only("comparator_api_key_prefix", ("Bearer",), "the prefix follows the format"),
+    "comparator_api_response_field": _only(
+        "comparator_api_response_field", ("completions",), "the generic format reads 'completions'"
+    ),
+}
+
 # fields of ours a reference-style config sets unless the caller gives them: the reference's loss and optimizer
 REINFORCE_MODE = {"loss_type": "seq_sum", "max_grad_norm": 0.0, "weight_decay": 0.01}
+OPTIMIZER_MODE = {"max_grad_norm": 0.0, "weight_decay": 0.01}  # torch's AdamW(lr) without clipping
+MADPO_MODE = {
+    **OPTIMIZER_MODE,
+    "reference_free": True,
+    "num_rounds": 1,
+    "prompts_per_round": None,
+    "steps_per_round": None,
+}
+MARLHF_MODE = {**OPTIMIZER_MODE, "preference_prompts": None, "reward_model_normalize": False}
 ACTOR_CRITIC_MODE = {"max_grad_norm": 0.0, "critic_max_grad_norm": 0.0, "weight_decay": 0.01, "gae_lambda": 0.0}
 
 _SHARED = {"num_agents": 2, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6, "logging_steps": 50}
@@ -265,6 +509,85 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "MAACConfig": _ACTOR_CRITIC,
 }
 ALIASES = {"agent_learning_rate": "learning_rate", "max_completion_length": "max_new_tokens"}  # ours, both names
+_MADPO = {
+    **_SHARED,
+    **_RUN,
+    "num_train_epochs": 20,
+    "agent_learning_rate": 5e-6,
+    "collaboration_mode": "decentralized",
+    "top_k": 50,
+    "num_turns": 1,
+    "discount": 1.0,
+    "joint_mode": "aligned",
+    "early_termination_threshold": None,
+    "rollout_buffer_size": 2,
+    "train_batch_size": None,
+    "advantage_normalization": True,
+    "advantage_mode": "mean",
+    "preference_num_candidates": 80,
+    "preference_pairs_per_sample": 16,
+    "pair_selection": "reward_gap",
+    "dpo_beta": 0.1,
+    "use_environment_step": True,
+    "environment_steps_per_pair": 2,
+}
+DEFAULTS["MADPOConfig"] = _MADPO
+DEFAULTS["MARLHFConfig"] = {
+    **_MADPO,
+    "rl_algorithm": "magrpo",
+    "num_generations": 4,
+    "reward_model_name": None,
+    "reward_model_device": "cuda:0",
+    "reward_learning_rate": 1e-5,
+    "reward_num_train_epochs": 1,
+    "reward_train_batch_size": 1,
+    "reward_max_length": None,
+    "reward_freeze_backbone": False,
+    "critic_model_name": None,
+    "critic_learning_rate": None,
+    "critic_devices": None,
+    "use_separate_critic": True,
+    "critic_type": "v",
+    "value_loss_coef": 0.6,
+    "value_clip_range": 0.2,
+    "critic_value_head_hidden_dim": None,
+    "value_head_hidden_dim": None,
+}
+DEFAULTS["MADPOIterConfig"] = {
+    **_MADPO,
+    "num_train_epochs": 1,
+    "preference_num_candidates": 20,
+    "preference_pairs_per_sample": 4,
+    "pair_selection": "comparator_reward",
+    "num_iterations": 6,
+    "preference_replay_mode": "current",
+    "preference_replay_k": None,
+    "preference_replay_lambda": None,
+    "preference_replay_sample_size": None,
+    "preference_replay_dir": None,
+    "log_reward_distribution": False,
+    "policy_checkpoint_dir": None,
+    "comparator_policy": "current",
+    "comparator_generation_mode": "decentralized",
+    "comparator_centralized_agent_index": 0,
+    "comparator_model_name": None,
+    "comparator_agents": None,
+    "comparator_devices": None,
+    "comparator_num_candidates": None,
+    "comparator_history_k": None,
+    "comparator_api_url": None,
+    "comparator_api_format": "generic",
+    "comparator_api_model": None,
+    "comparator_api_max_n_per_request": None,
+    "comparator_api_timeout": 120.0,
+    "comparator_api_headers": None,
+    "comparator_api_key": None,
+    "comparator_api_key_env": None,
+    "comparator_api_key_header": "Authorization",
+    "comparator_api_key_prefix": "Bearer",
+    "comparator_api_response_field": "completions",
+    "comparator_api_extra_body": None,
+}
 REFERENCE_NAMES = {"MAREMAXConfig": "MAReMaxConfig"}  # our spelling -> the reference's
 
 # by our base class name: whose rules and reference-style settings a config takes (most derived last)
@@ -273,6 +596,10 @@ FAMILIES: dict[str, tuple[dict[str, Rule], dict[str, Any]]] = {
     "PolicyConfig": (POLICY, {}),
     "MAGRPOConfig": (REINFORCE, REINFORCE_MODE),
     "ActorCriticConfig": (ACTOR_CRITIC, ACTOR_CRITIC_MODE),
+    "PreferenceConfig": (PREFERENCE, {}),
+    "MADPOConfig": (MADPO, MADPO_MODE),
+    "MARLHFConfig": (MARLHF, MARLHF_MODE),
+    "MADPOIterConfig": (ITERATIVE, {}),
 }
 
 _logged: set[tuple[str, str]] = set()
@@ -284,7 +611,7 @@ def rules_for(cls: type) -> tuple[dict[str, Rule], dict[str, Any]]:
     mode: dict[str, Any] = {}
     for base in reversed(cls.__mro__):
         family = FAMILIES.get(base.__name__)
-        if family is not None and base.__module__ == "comlrl.config":
+        if family is not None and base.__module__.startswith("comlrl."):
             rules.update(family[0])
             mode.update(family[1])
     return rules, mode
@@ -322,18 +649,22 @@ def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, 
     for key, value in defaults.items():
         rule = rules.get(key)
         sets = rule.sets if rule is not None else (key, ALIASES.get(key, key))
-        if key not in kwargs and not (set(sets) & given_ours):
+        if key not in kwargs and not (set(sets) - {"rl_args"}) & given_ours:
             merged[key] = value
     out: dict[str, Any] = {}
+    from_rules: set[str] = set()
     for key, value in merged.items():
         rule = rules.get(key)
         if rule is None:  # ours, or unknown to both (then the constructor names it with its suggestion)
-            out[key] = value
+            out[key] = {**out.get(key, {}), **value} if key == "rl_args" and isinstance(value, dict) else value
             continue
         converted = rule.convert(value, merged)
         if key in kwargs:
             _note(cls.__name__, key, value, rule.note, converted)
         for k, v in converted.items():
+            if k == "rl_args":  # stage 3's settings add up, the caller's own rl_args win key by key (below)
+                out[k] = {**out.get(k, {}), **v}
+                continue
             if k != key and k in given_ours:
                 if key in kwargs and kwargs[k] != v:
                     raise ConfigError(
@@ -343,9 +674,12 @@ def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, 
                 out[k] = kwargs[k]
                 continue
             out[k] = v
-    for key, value in mode.items():
-        if key not in given_ours:
+            from_rules.add(k)
+    for key, value in mode.items():  # unless the caller or a reference field set it
+        if key not in given_ours and key not in from_rules:
             out[key] = value
+    if "rl_args" in kwargs and "rl_args" in out:  # the caller's own rl_args win, key by key
+        out["rl_args"] = {**out["rl_args"], **kwargs["rl_args"]}
     if ("style", cls.__name__) not in _logged:
         _logged.add(("style", cls.__name__))
         unset = sorted(k for k in defaults if k not in kwargs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -292,14 +293,33 @@ class MADPOTrainer(MultiAgentTrainer):
 
     @property
     def rows_per_rollout(self) -> int:
-        return self.args.prompts_per_round if self.online else self.args.per_device_train_batch_size
+        return self.prompts_per_round if self.online else self.args.per_device_train_batch_size
+
+    @property
+    def prompts_per_round(self) -> int:
+        """Rows one round collects: ``prompts_per_round``, None meaning every row of train_dataset."""
+        n = self.args.prompts_per_round
+        return n if n is not None else len(self.train_dataset) if self.train_dataset is not None else 1
+
+    @property
+    def steps_per_round(self) -> int:
+        """Optimizer steps of a round: ``steps_per_round``, or with None num_train_epochs passes over the round's
+        pair slots (at most pairs_per_prompt per prompt; every pair across team and comparator, or within the team)."""
+        a = self.args
+        if a.steps_per_round is not None:
+            return a.steps_per_round
+        k = a.num_generations
+        most = k * k if a.comparator != "current" else k * (k - 1) // 2
+        pairs = min(a.pairs_per_prompt, most) if a.pairs_per_prompt is not None else most
+        per_step = a.per_device_train_batch_size * a.gradient_accumulation_steps
+        return max(1, math.ceil(a.num_train_epochs * self.prompts_per_round * pairs / per_step))
 
     def _epoch_rollouts(self) -> int:
         """Micro-batches of the run: ``steps_per_round`` optimizer steps per round online, else the epochs (or
         ``max_steps``) over the dataset's pairs."""
         a = self.args
         if self.online:
-            return a.num_rounds * a.steps_per_round * a.gradient_accumulation_steps
+            return a.num_rounds * self.steps_per_round * a.gradient_accumulation_steps
         return super()._epoch_rollouts()
 
     # ------------------------------------------------------------------ pairs from a dataset
@@ -338,7 +358,7 @@ class MADPOTrainer(MultiAgentTrainer):
         a, step = self.args, self.state["step"]
         metrics: dict[str, Any] = {}
         if self.online:
-            round_index, in_round = divmod(step, a.steps_per_round)
+            round_index, in_round = divmod(step, self.steps_per_round)
             if self._pool_round != round_index:
                 metrics.update(self._start_round(round_index, in_round, batches))
             metrics.update(self._round_metrics)
@@ -392,7 +412,7 @@ class MADPOTrainer(MultiAgentTrainer):
                 f"tie_tolerance={a.tie_tolerance}). Use a denser reward, more num_generations, a higher temperature, "
                 "or replay earlier rounds' pairs (replay='last_k' / 'all' / 'decay')."
             )
-        slots = a.steps_per_round * a.gradient_accumulation_steps * a.per_device_train_batch_size
+        slots = self.steps_per_round * a.gradient_accumulation_steps * a.per_device_train_batch_size
         gen = torch.Generator().manual_seed(derive_seed(a.seed, "replay", round_index))
         drawn = replay_sample(
             torch.tensor([w for _, w, _ in stored]), torch.tensor([f for _, _, f in stored]), slots, gen
@@ -788,4 +808,35 @@ class MADPOTrainer(MultiAgentTrainer):
         return ref_c, ref_r
 
 
-__all__ = ["MADPOConfig", "MADPOTrainer", "candidate_pairs", "shard_path", "snapshot_rounds"]
+# the reference library's names on its import path (comlrl.compat): the same classes
+MADPOIterTrainer = MADPOTrainer
+_REFERENCE_NAMES = {
+    "MARLHFConfig": "comlrl.config",
+    "MARLHFTrainer": "comlrl.trainers.marlhf",  # imports this module: resolved on first use
+    "JointRewardModel": "comlrl.engine.reward_model",
+    "CentralizedComparatorParseError": "comlrl.errors",
+    "MADPOIterConfig": "comlrl.compat.configs",
+    "MARLHFIterConfig": "comlrl.compat.configs",
+    "MARLHFIterTrainer": "comlrl.compat.configs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _REFERENCE_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_REFERENCE_NAMES[name]), name)
+
+
+__all__ = [
+    "CentralizedComparatorAdapter",
+    "MADPOConfig",
+    "MADPOIterTrainer",
+    "MADPOTrainer",
+    "TaggedCentralizedComparatorAdapter",
+    "candidate_pairs",
+    "shard_path",
+    "snapshot_rounds",
+    *_REFERENCE_NAMES,
+]

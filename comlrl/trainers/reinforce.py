@@ -6,27 +6,15 @@ default (see :mod:`comlrl.compat.fields`), so a script written for it trains as 
 """
 
 from .. import config as _ours
-from ..config_fields import config_class
+from ..compat.configs import reference_style
 from .centralized import CentralizedMAGRPOTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
 
-
-def _reference_style(cls: type, name: str | None = None) -> type:
-    """``cls`` whose unset fields take the reference's defaults (a subclass that adds no field)."""
-    sub = type(
-        name or cls.__name__,
-        (cls,),
-        {"__doc__": f"{cls.__name__} with the reference library's defaults.", "reference_style": True},
-    )
-    sub.__module__ = __name__
-    return config_class(sub)
-
-
-MAGRPOConfig = _reference_style(_ours.MAGRPOConfig)
-MAREINFORCEConfig = _reference_style(_ours.MAREINFORCEConfig)
-MAReMaxConfig = _reference_style(_ours.MAReMaxConfig, "MAReMaxConfig")
-MARLOOConfig = _reference_style(_ours.MARLOOConfig)
-CentralizedMAGRPOConfig = _reference_style(_ours.CentralizedMAGRPOConfig)
+MAGRPOConfig = reference_style(_ours.MAGRPOConfig, "MAGRPOConfig", __name__)
+MAREINFORCEConfig = reference_style(_ours.MAREINFORCEConfig, "MAREINFORCEConfig", __name__)
+MAReMaxConfig = reference_style(_ours.MAReMaxConfig, "MAReMaxConfig", __name__)
+MARLOOConfig = reference_style(_ours.MARLOOConfig, "MARLOOConfig", __name__)
+CentralizedMAGRPOConfig = reference_style(_ours.CentralizedMAGRPOConfig, "CentralizedMAGRPOConfig", __name__)
 
 __all__ = [
     "CentralizedMAGRPOConfig",
