@@ -13,6 +13,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 @pytest.fixture
+def tiny_dir(tmp_path) -> str:
+    """A saved tiny model and its tokenizer (tests/tiny.py), loadable by path like a Hub checkpoint."""
+    from tiny import tiny_model, tiny_tokenizer
+
+    path = tmp_path / "tiny-model"
+    tiny_model().save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} not present")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import tiny_model, tiny_tokenizer
 
 import comlrl
 from comlrl import config as ours
@@ -241,14 +240,6 @@ def test_reference_trainer_keywords_translate_or_fail_clearly():
 
 # ---------------------------------------------------------------- reference-style scripts on a tiny model
 ROWS = [{"prompt": f"Task {i}: say something.", "test": f"assert f({i})", "entry_point": "f"} for i in range(3)]
-
-
-@pytest.fixture
-def tiny_dir(tmp_path):
-    path = tmp_path / "tiny-model"
-    tiny_model().save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
 
 
 def _moved(trainer, source):

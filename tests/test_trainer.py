@@ -36,14 +36,6 @@ def length_reward(a, b):
     return [float(len(b[0]) - len(a[0]))]
 
 
-@pytest.fixture
-def tiny_dir(tmp_path):
-    path = tmp_path / "tiny-model"
-    tiny_model().save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
-
-
 def test_quickstart_runs_unchanged_apart_from_model_and_dataset(tiny_dir, shared_data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model_id = tiny_dir
