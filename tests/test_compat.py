@@ -533,3 +533,37 @@ def test_reference_iterative_madpo_script(tiny_dir, tmp_path):
     rows = trainer.history  # logging_steps=50 (the reference's default) wrote no line in 2 steps
     assert rows[-1]["pairs/pool"] > rows[0]["pairs/pool"]  # round 1 also draws from round 0's pairs (k = 2)
     assert metrics is not None and _moved(trainer, tiny_dir)
+
+
+def test_reference_wandb_config_reaches_wandb_init(tiny_dir, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    calls: dict = {"log": []}
+
+    class Run:
+        def log(self, metrics, step=None):
+            calls["log"].append((step, metrics))
+
+        def finish(self):
+            calls["finished"] = True
+
+    stub = types.ModuleType("wandb")
+    stub.init = lambda **kw: calls.update(init=kw) or Run()
+    monkeypatch.setitem(sys.modules, "wandb", stub)
+    from comlrl.trainers.reinforce import MAGRPOTrainer
+
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_dir,
+        reward_func=_len_reward,
+        train_dataset=ROWS[:2],
+        wandb_config={"project": "p", "entity": "e", "name": "n", "tags": ["t"], "config_sections": {"data": {"k": 1}}},
+        args=ours.MAGRPOConfig(
+            output_dir=str(tmp_path / "w"), max_steps=1, num_generations=2, max_new_tokens=3, logging_steps=1
+        ),
+    )
+    trainer.train()
+    init = calls["init"]
+    assert (init["project"], init["entity"], init["name"], init["tags"]) == ("p", "e", "n", ["t"])
+    assert init["config"]["data"] == {"k": 1} and init["config"]["max_steps"] == 1  # its sections and our config
+    assert calls["log"] and calls["log"][0][0] == 1 and "reward/mean" in calls["log"][0][1]

@@ -173,8 +173,10 @@ class MultiAgentTrainer(PolicyUpdate):
             )
         if any(d.type == "cpu" for d in used):
             limit_heap_fragmentation(self.args.malloc_mmap_threshold_kb)
-        if reward_func is not None and getattr(self.args, "_reference_style", False):
-            reward_func = reference_reward(reward_func)
+        if getattr(self.args, "_reference_style", False):  # called as the reference calls it (its prompts=)
+            reward_func, eval_reward_func = (
+                f if f is None else reference_reward(f) for f in (reward_func, eval_reward_func)
+            )
         self.reward_func, self.reward_processor = reward_func, reward_processor
         self.eval_reward_func = eval_reward_func or reward_func
         self.external_transition = external_transition

@@ -42,7 +42,7 @@ from ..tracking import fresh_output_dir
 from .actor_critic import IACTrainer, MAACTrainer
 from .base import MultiAgentTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
-from .preference import PAIRS_DIR, ROUNDS_FILE, candidate_pairs, dataset_pairs, read_jsonl, shard_path, write_jsonl
+from .pairs import PAIRS_DIR, ROUNDS_FILE, candidate_pairs, dataset_pairs, read_jsonl, shard_path, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,12 @@ def rl_config(args: MARLHFConfig) -> TrainConfig:
     values = {name: getattr(args, name) for name in _SHARED}
     values["num_agents"] = args.num_agents
     try:
-        return cls(**values, **args.rl_args)
+        rl = cls(**values, **args.rl_args)
     except ConfigError as exc:
         raise ConfigError(f"MARLHFConfig.rl_args ({cls.__name__}): {exc}") from exc
+    # a reference-style MARLHF config calls the task reward as the reference does in every stage (comlrl.compat)
+    object.__setattr__(rl, "_reference_style", getattr(args, "_reference_style", False))
+    return rl
 
 
 def _untrained_reward(*_: Any, **__: Any) -> list[float]:
@@ -148,6 +151,8 @@ class MARLHFTrainer:
             eval_reward_func=eval_reward_func or reward_func,
             **kwargs,
         )
+        if reward_func is not None:  # as stage 3's trainer calls it (a reference-style run: the reference's prompts=)
+            self.task_reward = self.rl.reward_func
         self.reward_model: Any = None
         self.reward_model_metrics: dict[str, float] = {}
 

@@ -21,7 +21,6 @@ TRL's reductions). The reference log-probs are computed without dropout (eval mo
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -37,7 +36,6 @@ from ..algorithms.preference import (
     agent_margins,
     replay_sample,
     replay_weights,
-    select_pairs,
     sequence_logps,
     team_dpo_loss,
 )
@@ -45,203 +43,34 @@ from ..config import MADPOConfig
 from ..engine.api_client import Answer, APIClient, Sampling
 from ..engine.logprobs import completion_logprobs
 from ..engine.models import load_model, load_tokenizer
-from ..engine.rollout import GenerationSettings, Samples, format_prompt, left_pad
+from ..engine.rollout import GenerationSettings, format_prompt, left_pad
 from ..engine.sampling import derive_seed
 from ..engine.team import active_adapter, reference_mode
 from ..errors import CentralizedComparatorParseError, ConfigError
 from .base import MultiAgentTrainer
 from .episode import Episode, Node, generate_team, root_nodes, run_episode
-from .setup import Agent, apply_formatter
+from .pairs import (  # noqa: F401  (re-exported: MARLHF and the tests read pairs through this module)
+    PAIRS_DIR,
+    ROUNDS_FILE,
+    _joint_answer,
+    add_pair_sums,
+    answer_ids,
+    candidate_pairs,
+    dataset_pairs,
+    eval_mode,
+    pair_metrics,
+    read_jsonl,
+    shard_path,
+    snapshot_rounds,
+    text_samples,
+    write_jsonl,
+)
+from .setup import Agent
 
 log = logging.getLogger(__name__)
 
-PAIRS_DIR = "pairs"
-ROUNDS_FILE = "rounds.jsonl"  # per round: the team's and the comparator's candidate rewards (report histograms)
 TEAM, COMPARATOR = 0, 1  # sides of a candidate
 TEXT_COMPARATORS = ("model", "api")  # comparators whose answers are re-tokenized with each agent's tokenizer
-
-
-def shard_path(output_dir: str | os.PathLike, round_index: int) -> Path:
-    """Where round ``round_index``'s pairs are stored."""
-    return Path(output_dir) / PAIRS_DIR / f"round-{round_index:05d}.jsonl"
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    """Write ``records`` one JSON object per line, atomically (a reader sees the old file or the whole new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def snapshot_rounds(round_index: int, comparator: str, lag: int) -> set[int]:
-    """The rounds whose team snapshot the comparator can still pick at the start of round ``round_index`` (this
-    round's and every later one's): 'initial': {0}; 'history': max(0, r - lag) for r >= round_index, i.e.
-    {max(0, round_index - lag), ..., round_index}; 'current' and 'model': none."""
-    if comparator == "initial":
-        return {0}
-    if comparator == "history":
-        return set(range(max(0, round_index - lag), round_index + 1))
-    return set()
-
-
-@contextlib.contextmanager
-def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
-    """Inside the block every model is in eval mode (no dropout); each one's train / eval mode is restored after."""
-    modes = [m.training for m in models]
-    for m in models:
-        m.train(False)
-    try:
-        yield
-    finally:
-        for m, mode in zip(models, modes):
-            m.train(mode)
-
-
-def _joint_answer(turns: list, k: int, m: int, c: int) -> tuple[list[str], list[list[int]], list[list[int]], list]:
-    """Candidate c of node m (c < k: the team's, else the comparator's): each agent's text, prompt ids, completion
-    ids (the completion up to and including its stop token) and whether it was truncated (no stop token)."""
-    turn, row = turns[c // k], m * k + c % k
-    texts, prompt_ids, ids, truncated = [], [], [], []
-    for s, team in zip(turn.samples, turns[0].samples):  # prompts as the team tokenized them
-        texts.append(s.texts[row])
-        prompt_ids.append(team.prompt_ids[m * k][team.prompt_mask[m * k].bool()].tolist())
-        ids.append(s.completion_ids[row][s.completion_mask[row].bool()].tolist())
-        truncated.append(bool(s.truncated[row]) if s.truncated is not None else False)
-    return texts, prompt_ids, ids, truncated
-
-
-def candidate_pairs(
-    episodes: list[Episode],
-    round_index: int,
-    mode: str,
-    pairs_per_prompt: int | None,
-    tie_tolerance: float,
-    seed: int,
-    valid: torch.Tensor | None = None,
-) -> tuple[list[dict], int]:
-    """Pair records of one round from its candidate episodes (the team's, then the comparator's, if any: the same
-    rows in the same order) and the number of dropped ties. Each record holds every agent's prompt, both joint
-    answers' texts, token ids and truncation flags (per agent: max_new_tokens reached, no stop token), and their
-    team rewards. ``valid`` (M, K_total) bool: candidates that may be paired (None: all; a centralized comparator's
-    completion that did not parse is not)."""
-    first = [ep.turns[0] for ep in episodes]
-    k = first[0].rewards.shape[1]
-    sides = [side for side in range(len(first)) for _ in range(k)] if len(first) > 1 else None
-    records, ties = [], 0
-    for m, node in enumerate(first[0].nodes):
-        rewards = torch.cat([t.rewards[m] for t in first])
-        keep = list(range(len(rewards))) if valid is None else valid[m].nonzero().flatten().tolist()
-        gen = torch.Generator().manual_seed(derive_seed(seed, "pairs", round_index, node.row_id))
-        kept_sides = None if sides is None else [sides[c] for c in keep]
-        sel = select_pairs(rewards[keep], mode, pairs_per_prompt, gen, tie_tolerance, kept_sides)
-        ties += sel.ties
-
-        for w, lo in ((keep[w], keep[lo]) for w, lo in sel.pairs):
-            (cw, pids, iw, tw), (cl, _, il, tl) = _joint_answer(first, k, m, w), _joint_answer(first, k, m, lo)
-            records.append(
-                {
-                    "round": round_index,
-                    "row": node.row_id,
-                    "prompts": list(node.prompts),
-                    "chosen": cw,
-                    "rejected": cl,
-                    "chosen_reward": float(rewards[w]),
-                    "rejected_reward": float(rewards[lo]),
-                    "chosen_side": w // k,
-                    "rejected_side": lo // k,
-                    "prompt_ids": pids,
-                    "chosen_ids": iw,
-                    "rejected_ids": il,
-                    "chosen_truncated": tw,
-                    "rejected_truncated": tl,
-                }
-            )
-    return records, ties
-
-
-def text_samples(agent: Agent, answers: list[Answer]) -> Samples:
-    """A text comparator's answers as ``agent``'s samples (rows = node * G + g): each text in the agent's tokens,
-    ending with its EOS unless truncated, right-padded; no prompt tokens (pairs take the team's)."""
-    ids = [MADPOTrainer._answer_ids(agent, ans.text, eos=not ans.truncated) for ans in answers]
-    width = max(max((len(x) for x in ids), default=1), 1)
-    c_ids = torch.full((len(ids), width), agent.tokenizer.pad_token_id, dtype=torch.long)
-    c_mask = torch.zeros_like(c_ids)
-    for k, x in enumerate(ids):
-        c_ids[k, : len(x)] = torch.tensor(x, dtype=torch.long)
-        c_mask[k, : len(x)] = 1
-    empty = torch.zeros((len(ids), 1), dtype=torch.long)
-    truncated = torch.tensor([ans.truncated for ans in answers], dtype=torch.bool)
-    return Samples(empty, empty.clone(), c_ids, c_mask, [ans.text for ans in answers], truncated)
-
-
-def dataset_pairs(dataset: Any, formatters: list, chosen_column: str, rejected_column: str) -> list[dict]:
-    """Pair records (``row``, ``prompts``, ``chosen``, ``rejected``) of a dataset of labelled joint answers: each
-    agent's prompt from its formatter, the answers from the two columns (a list of one answer per agent in each)."""
-    n = len(formatters)
-    if dataset is None or len(dataset) == 0:
-        raise ConfigError("preferences='dataset': the preference dataset is empty or missing.")
-    columns = list(getattr(dataset, "column_names", None) or dataset[0].keys())
-    for col in (chosen_column, rejected_column):
-        if col not in columns:
-            raise ConfigError(
-                f"preferences='dataset' needs column '{col}' (a list of {n} answers, one per agent) in the "
-                f"dataset; its columns: {columns}. Set chosen_column / rejected_column to rename."
-            )
-    records = []
-    for r in range(len(dataset)):
-        row = dataset[r]
-        record: dict[str, Any] = {"round": 0, "row": r}
-        record["prompts"] = [apply_formatter(f, row, i, r, columns) for i, f in enumerate(formatters)]
-        for key, col in (("chosen", chosen_column), ("rejected", rejected_column)):
-            value = row[col]
-            if isinstance(value, str) or not isinstance(value, (list, tuple)) or len(value) != n:
-                raise ConfigError(
-                    f"dataset row {r}, column '{col}': expected a list of {n} answers (one per agent), got "
-                    f"{type(value).__name__} {str(value)[:80]!r}."
-                )
-            for i, text in enumerate(value):
-                if not isinstance(text, str):
-                    raise ConfigError(
-                        f"dataset row {r}, column '{col}', agent {i}: answers are strings, got {type(text).__name__}."
-                    )
-            record[key] = list(value)
-        records.append(record)
-    return records
-
-
-def add_pair_sums(sums: dict[str, torch.Tensor], m: dict[str, torch.Tensor], values: torch.Tensor, b: int) -> None:
-    """Add one batch of b pairs to running sums: team_dpo_loss's metrics ``m`` and the log-probs ``values`` (N, 2B),
-    chosen then rejected, each weighted by b."""
-    for key, value in m.items():
-        sums[key] = sums.get(key, 0) + value * b
-    sums["logps_chosen"] = sums.get("logps_chosen", 0) + values[:, :b].mean(dim=1) * b
-    sums["logps_rejected"] = sums.get("logps_rejected", 0) + values[:, b:].mean(dim=1) * b
-
-
-def pair_metrics(sums: dict[str, torch.Tensor], count: int, beta: float) -> dict[str, float]:
-    """TRL's DPO metric names from the sums of :func:`add_pair_sums` over ``count`` pairs, per agent where per agent."""
-    out = {
-        "loss": float(sums["loss"]) / count,
-        "rewards/accuracies": float(sums["reward_accuracy"]) / count,
-        "rewards/margins": beta * float(sums["margin"]) / count,
-    }
-    for i in range(len(sums["chosen_rewards"])):
-        pre = f"agent/{i}/"
-        out[pre + "rewards/chosen"] = float(sums["chosen_rewards"][i]) / count
-        out[pre + "rewards/rejected"] = float(sums["rejected_rewards"][i]) / count
-        out[pre + "logps/chosen"] = float(sums["logps_chosen"][i]) / count
-        out[pre + "logps/rejected"] = float(sums["logps_rejected"][i]) / count
-    return out
 
 
 class MADPOTrainer(MultiAgentTrainer):
@@ -341,15 +170,8 @@ class MADPOTrainer(MultiAgentTrainer):
                 prompt = prompt[-self.args.max_prompt_length :]
             out["prompt_ids"].append(prompt)
             for key in ("chosen", "rejected"):
-                out[f"{key}_ids"].append(self._answer_ids(agent, record[key][i]))
+                out[f"{key}_ids"].append(answer_ids(agent, record[key][i]))
         return out
-
-    @staticmethod
-    def _answer_ids(agent: Agent, text: str, eos: bool = True) -> list[int]:
-        """An answer text as the agent's completion tokens, ending with its tokenizer's EOS unless ``eos`` is False
-        (a truncated answer, which did not stop)."""
-        tok = agent.tokenizer
-        return tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
 
     # ------------------------------------------------------------------ rounds
     def training_step(self, batches: Iterator[tuple[list[dict], list[int]]]) -> dict[str, Any]:
@@ -464,7 +286,7 @@ class MADPOTrainer(MultiAgentTrainer):
                     if record[f"{key}_side"] == COMPARATOR:
                         cut = record[f"{key}_truncated"]
                         record[f"{key}_ids"] = [
-                            self._answer_ids(ag, record[key][ag.index], eos=not cut[ag.index]) for ag in self.agents
+                            answer_ids(ag, record[key][ag.index], eos=not cut[ag.index]) for ag in self.agents
                         ]
         write_jsonl(shard_path(a.output_dir, round_index), records)
         self._pairs_by_round[round_index] = records
