@@ -13,6 +13,7 @@ from comlrl.envs.coding.codetest_asserts import classify_mutant, extract_asserts
 from comlrl.envs.coding.codetest_judge import CODETEST_LEVELS
 from comlrl.envs.coding.mutants import (
     OPERATORS,
+    changed_result,
     flip_comparison,
     make_mutants,
     negate_condition,
@@ -261,16 +262,95 @@ def test_no_mutant_left_is_judged_by_foils_and_evaluate():
     }
     env = envs.make("codetest")
     code = "def by_len(xs):\n    return sorted(xs, key=lambda s: len(s))"
-    tests = "assert by_len([]) == []"  # the foil that returns its argument passes it: 3 of 4 foils caught
+    tests = "assert by_len([]) == []"  # the foil that returns its argument passes it: 5 of 6 foils caught
     [out] = env.reward_func.score([code], [tests], batch_items=[row])
-    assert out["metric/n_mutants"] == 0 and out["metric/n_foils"] == 4 and out["metric/foil_judged"] == 1.0
-    assert out["level/mutants_killed"] == 0.75 and out["reward"] == 7.0 - 1.5 * 0.25
+    assert out["metric/n_mutants"] == 0 and out["metric/n_foils"] == 6 and out["metric/foil_judged"] == 1.0
+    assert out["level/mutants_killed"] == pytest.approx(5 / 6) and out["reward"] == pytest.approx(7.0 - 1.5 / 6)
     metrics = env.evaluate(
         [[code, GOOD, GOOD], [tests, T_B + "\n" + T_C, "assert pos_sum([1]) is not None"]], [row, ROW, ROW]
     )
     assert metrics["pass@1"] == 1.0 and metrics["validity_rate"] == pytest.approx((1.0 + 0.5 + 1.0) / 3)
-    assert metrics["kill_rate"] == pytest.approx((0.75 + 0.5 + 0.0) / 3)  # the weak assert kills nothing
-    assert metrics["reward/mean"] == pytest.approx((6.625 + 5.75 + 3.5) / 3)
+    assert metrics["kill_rate"] == pytest.approx((5 / 6 + 0.5 + 0.0) / 3)  # the weak assert kills nothing
+    assert metrics["reward/mean"] == pytest.approx((6.75 + 5.75 + 3.5) / 3)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        True,
+        False,
+        0,
+        -7,
+        2.5,
+        float("inf"),
+        1e300,
+        1j,
+        "",
+        "a`",
+        "python program",
+        b"",
+        b"ab",
+        [],
+        [1, [2, "x"]],
+        (),
+        ("a", 1.0),
+        {},
+        {"k": [1]},
+        set(),
+        {"a", "`"},
+        frozenset({1}),
+        None,
+        range(3),
+    ],
+    ids=repr,
+)
+def test_changed_result_always_differs(value):
+    for variant in (0, 1):
+        changed = changed_result(value, variant)
+        assert changed != value, (value, variant, changed)
+        if value is not None and not isinstance(value, range):
+            assert type(changed) is type(value)  # the same kind of value: a plausible wrong answer
+    assert list(changed_result(iter([1, 2]), 0)) == [1, 2, 3]  # an iterator's items are changed
+
+
+FIRST = {
+    "task_id": "toy/3",
+    "text": "Return the first item of a list.",
+    "code": "def first(xs):\n    return xs[0]\n",
+    "test_list": ["assert first([1, 2, 3]) == 1", "assert first([5, 6]) == 5"],
+}
+
+
+def test_self_comparisons_never_pay():
+    """A test that cannot fail on a wrong function that returns plausible values pays nothing: without mutants
+    (MBPP 604: constant foils crash on ``f(x)[0]``) and where a mutant crashes on the test's input (``xs[1]``)."""
+    env = envs.make("codetest")
+    row = next(dict(r) for r in env.load_dataset(split="train") if str(r["task_id"]) == "604")
+    x = '"python program"'
+    answers = {
+        "none": "",
+        "indexed": f"assert reverse_words({x})[0] == reverse_words({x})[0]",
+        "split": f"assert reverse_words({x}).split()[0] == reverse_words({x}).split()[0]",
+        "sliced": f"assert reverse_words({x})[0] == reverse_words({x})[:1]",  # not spelled as a self-comparison
+        "not identity": f"assert reverse_words({x})[0] == reverse_words({x})[0] and reverse_words({x}) != {x}",
+        "contradiction": f"assert reverse_words({x}) != reverse_words({x})",
+        "length": f"assert len(reverse_words({x})) == 14",
+        "honest": 'assert reverse_words("a b c") == "c b a"',
+    }
+    codes = [row["reference"]] * len(answers)
+    scores = dict(zip(answers, env.reward_func.score(codes, list(answers.values()), batch_items=[row])))
+    assert scores["none"]["reward"] == 3.0
+    for name in ("indexed", "split", "sliced", "contradiction"):
+        assert scores[name]["reward"] == 3.0 and scores[name]["metric/uninformative"] == 1, name
+    assert scores["not identity"]["reward"] <= 3.5 and scores["not identity"]["metric/n_sharp"] == 0
+    honest = scores["honest"]
+    assert honest["reward"] == 7.0 and honest["metric/n_mutants"] == 0 and honest["metric/foil_judged"] == 1
+    assert 3.0 < scores["length"]["reward"] < 7.0 and scores["length"]["metric/n_sharp"] == 1  # a real property
+    code = "def first(xs):\n    return xs[0] if xs else None"
+    crash = "assert first([7]) == first([7][:])"  # the mutant xs[1] raises on [7]: no property of first is tested
+    out = env.reward_func.score([code] * 3, [crash, "assert first([7, 8]) == 7", ""], batch_items=[FIRST])
+    assert out[0]["metric/n_mutants"] >= 1 and out[0]["reward"] == out[2]["reward"] == 3.0
+    assert out[0]["metric/uninformative"] == 1 and out[1]["reward"] == 7.0
 
 
 # --- oracles on real problems ------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ run of agent 2's asserts uses the ``strict`` verdict: its text can never move a 
   reference needed it for these tests: the dataset decides, never a model);
 * agent 1's function, the reference and each *wrong function* with the parsed asserts;
 * the *foils* (:func:`make_foils`: functions of the problem's name returning ``None``, ``0``, ``''`` or their
-  first argument) with the asserts that nothing failed yet.
+  first argument, and the reference with its result changed to another value of the same type,
+  :func:`~comlrl.envs.coding.mutants.changed_result`) with the asserts that no wrong function made false yet.
 
 The wrong functions are the problem's mutants (:mod:`comlrl.envs.coding.mutants`: off-by-one constants, flipped
 comparisons, swapped operators, negated conditions); a problem without a mutant is judged by its foils instead
@@ -31,15 +32,16 @@ a candidate that passes all of them is *equivalent on the hidden tests* and is d
 time out or fail to load; the first ``max_mutants`` (default 4) that remain are the problem's mutants
 (``metric/n_mutants``); the foils that fail a hidden assert are kept (``metric/n_foils``; both cached per problem).
 
-Each parsed assert is then, by behaviour (never by spelling):
+Each parsed assert is then, by behaviour (the one rule by spelling: an expression compared with itself):
 
-* **uninformative**: it passes on the reference, every wrong function and every foil: its verdict does not
-  depend on the function (``f(x) == f(x)``, ``... or True``, ``isinstance(f(x), object)``): counted nowhere
-  (``metric/uninformative``);
+* **uninformative**: it compares an expression with itself (``f(x) == f(x)``, ``f(x)[0] != f(x)[0]``), or it
+  passes on the reference and no wrong function or foil makes its condition false: it only ever passes or raises
+  (``... or True``, ``isinstance(f(x), object)``, ``f(x)[0] == f(x)[:1]``, which raises on the foil returning
+  ``None``), so its verdict does not depend on what the function returns: counted nowhere (``metric/uninformative``);
 * **interpreter**: it passed the function something that is not data (a lambda): counted nowhere
   (``metric/needs_interpreter``, with the static ones);
 * **invalid**: it does not pass on the reference;
-* **sharp**: valid, and it fails on a mutant (where foils judge: on most foils);
+* **sharp**: valid, and it fails on a mutant (where foils judge: on a foil with a changed result);
 * **weak**: valid, but catches no wrong function (``f(x) is not None``): it earns ``tests_written`` only;
 * **repeated**: the same calls of the entry point with the same verdicts as an earlier one (a respelling).
 

@@ -11,6 +11,7 @@ from typing import Any
 from ...pyast import parse_quiet
 from ...sandbox import needs_interpreter
 from .clean import normalize_text
+from .mutants import CHANGED_RESULT_VARIANTS, changed_result_program
 from .tasks import CodeTask
 
 _FORBIDDEN_NAMES = frozenset(
@@ -131,11 +132,13 @@ def hidden_asserts(task: CodeTask, limit: int = 10) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Foil:
-    """A wrong function with the problem's name that returns one fixed kind of value, whatever it is given."""
+    """A wrong function with the problem's name: one that returns a fixed kind of value whatever it is given, or the
+    reference with its result changed (``changed``: it returns values of the right type, never the right one)."""
 
     name: str
     source: str
     description: str
+    changed: bool = False
 
 
 FOIL_RETURNS = (
@@ -144,15 +147,58 @@ FOIL_RETURNS = (
     ("returns_empty_string", "''", "a function that always returns ''"),
     ("returns_first_argument", "args[0] if args else None", "a function that returns its first argument"),
 )
+CHANGED_RESULTS = (
+    ("result_extended", "a version whose result has one item (or 1) too many"),
+    ("result_changed", "a version whose result has every item changed"),
+)
 
 
-def make_foils(entry_point: str) -> tuple[Foil, ...]:
-    """The foils of a problem (``FOIL_RETURNS``): they judge where no mutant is left, and an assert that passes on
-    them all, the reference and the mutants does not depend on the function at all."""
-    return tuple(
+def make_foils(entry_point: str, reference: str = "") -> tuple[Foil, ...]:
+    """The foils of a problem (``FOIL_RETURNS``, and with a reference ``CHANGED_RESULTS``: the reference whose result
+    :func:`~comlrl.envs.coding.mutants.changed_result` changes): they judge where no mutant is left, and an assert
+    that no wrong function fails does not depend on the function at all."""
+    stubs = tuple(
         Foil(name, f"def {entry_point}(*args, **kwargs):\n    return {value}\n", description)
         for name, value, description in FOIL_RETURNS
     )
+    if not reference.strip():
+        return stubs
+    changed = tuple(
+        Foil(name, changed_result_program(reference, entry_point, variant), description, changed=True)
+        for variant, (name, description) in zip(CHANGED_RESULT_VARIANTS, CHANGED_RESULTS)
+    )
+    return stubs + changed
+
+
+_ALWAYS_TRUE_ON_ITSELF = (ast.Eq, ast.Is, ast.LtE, ast.GtE)
+_ALWAYS_FALSE_ON_ITSELF = (ast.NotEq, ast.IsNot, ast.Lt, ast.Gt)
+
+
+def self_compared(test: str) -> bool:
+    """The assert's verdict is fixed by comparing an expression with itself (``f(x) == f(x)``,
+    ``f(x)[0] != f(x)[0]``, ``f(1) == 2 or f(x) == f(x)``): it cannot depend on what the function returns."""
+    tree = parse_quiet(test)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return False
+    return _fixed_truth(tree.body[0].test) is not None
+
+
+def _fixed_truth(node: ast.expr) -> bool | None:
+    """True / False when self-comparisons alone decide ``node``, else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _fixed_truth(node.operand)
+        return None if inner is None else not inner
+    if isinstance(node, ast.BoolOp):
+        parts = [_fixed_truth(v) for v in node.values]
+        decisive = isinstance(node.op, ast.Or)  # True decides an `or`, False an `and`
+        if decisive in parts:
+            return decisive
+        return (not decisive) if all(p is not None for p in parts) else None
+    if not isinstance(node, ast.Compare) or len({ast.dump(o) for o in [node.left, *node.comparators]}) != 1:
+        return None
+    if all(isinstance(op, _ALWAYS_TRUE_ON_ITSELF) for op in node.ops):
+        return True
+    return False if any(isinstance(op, _ALWAYS_FALSE_ON_ITSELF) for op in node.ops) else None
 
 
 # --- sandbox results ------------------------------------------------------------------------------------

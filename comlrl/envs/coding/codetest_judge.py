@@ -21,6 +21,7 @@ from .codetest_asserts import (
     hidden_assert_indices,
     make_foils,
     messages,
+    self_compared,
     shared_reasons,
     statuses,
 )
@@ -121,12 +122,15 @@ class CodeTestJudgement:
             ref = self.on_reference[i] if i < len(self.on_reference) else "missing"
             on_judges = [row[i] for row in self.on_judges]
             on_foils = [row[i] for row in self.on_foils if row[i] != "skipped"]
-            everywhere = [ref, *on_judges, *on_foils]
             if self.interpreter[i]:
                 kind = "interpreter"
             elif ref == "missing":
                 kind = "invalid"
-            elif all(s == "passed" for s in everywhere):
+            elif self_compared(test):
+                kind = "uninformative"
+            elif ref == "passed" and "failed" not in [*on_judges, *on_foils]:
+                # no wrong function made its condition false: it only ever passed or raised (f(x)[0] == f(x)[:1]
+                # raises on a function returning None), so it checks nothing about what the function returns
                 kind = "uninformative"
             elif ref != "passed":
                 kind = "invalid"
@@ -198,18 +202,20 @@ class CodeTestJudgement:
 
 
 def _catches(statuses_on_judges: list[str], mutants: MutantSet) -> bool:
-    """A valid assert is sharp when it fails on a mutant; where foils judge, on most of them (a check such as
-    ``is not None`` that only the ``None`` foil fails is weak)."""
-    failed = sum(s != "passed" for s in statuses_on_judges)
-    return failed > 0 if mutants.mutants else 2 * failed > len(statuses_on_judges)
+    """A valid assert is sharp when it fails on a mutant; where foils judge, on a changed-result foil (one that
+    returns a value of the right type: a check such as ``is not None`` that only the constant foils fail is weak)."""
+    if mutants.mutants:
+        return any(s != "passed" for s in statuses_on_judges)
+    return any(s != "passed" for s, foil in zip(statuses_on_judges, mutants.judges) if foil.changed)
 
 
 def _undecided(j: CodeTestJudgement) -> tuple[str, ...]:
-    """The asserts that passed on the reference and on every judge: the foils decide whether they test anything."""
+    """The asserts that passed on the reference and whose condition no judge made false: the other foils decide
+    whether they test anything."""
     return tuple(
         t
         for i, t in enumerate(j.asserts.tests)
-        if j.on_reference[i] == "passed" and not j.interpreter[i] and all(row[i] == "passed" for row in j.on_judges)
+        if j.on_reference[i] == "passed" and not j.interpreter[i] and all(row[i] != "failed" for row in j.on_judges)
     )
 
 
@@ -298,7 +304,7 @@ class CodeTestReward(TeamReward):
             filters: dict[tuple, tuple[str, ...]] = {}
             verdicts: dict[tuple, str] = {}
             candidates: dict[tuple, list[Mutant]] = {}
-            foils = {key: make_foils(task.entry_point) for key, task in todo.items()}
+            foils = {key: make_foils(task.entry_point, task.reference) for key, task in todo.items()}
             jobs = {}
             for key, task in todo.items():
                 result = ref_results[key]

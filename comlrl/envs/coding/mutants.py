@@ -19,15 +19,20 @@ the second of each, ...) so that a small cap still mixes the kinds, and removes 
 Whether a mutant can be told apart from the reference at all is decided by running the hidden tests
 (:mod:`comlrl.envs.coding.codetest` does, in the sandbox): one that passes all of them is *equivalent on the
 hidden tests* and is dropped.
+
+Where the edits find nothing (or only equivalent mutants), :func:`changed_result_program` gives a wrong version
+that always differs: the reference whose result is changed by :func:`changed_result` (a value of the same type that
+is never equal to the right one), so a test that cannot fail on a plausible wrong function still passes on it.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import inspect
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from ...pyast import parse_quiet
 
@@ -265,3 +270,77 @@ def make_mutants(source: str, limit: int | None = None, operators: tuple[str, ..
                 if limit is not None and len(out) >= limit:
                     return out
     return out
+
+
+# --- the reference with its result changed ------------------------------------------------------------------
+
+CHANGED_RESULT_VARIANTS = (0, 1)
+
+
+def changed_result(value: Any, variant: int) -> Any:
+    """A value of ``value``'s builtin type that is never equal to it. Variant 0 changes the end (``+ 1``, one more
+    character or item, one more key), variant 1 everything (``- 1``, every character, item or value changed, one
+    element fewer). Iterators are read and returned as an iterator of the changed items; ``None`` becomes ``0``
+    (variant 0) or ``''`` (variant 1); any other object becomes ``None``."""
+    # Self-contained (builtins only): its source also runs inside the sandbox, in the changed reference.
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1 if variant == 0 else value - 1
+    if isinstance(value, float):
+        step = 1.0 if variant == 0 else -1.0
+        for candidate in (value + step, 2.0 * value + step, 0.0, 1.0):
+            if candidate != value:
+                return candidate
+    if isinstance(value, complex):
+        return value + (1 if variant == 0 else 1j)
+    if type(value) is str:
+        if variant == 0 or not value:
+            return value + "x"
+        return "".join(chr(ord(c) ^ 1) for c in value)
+    if type(value) is bytes:
+        if variant == 0 or not value:
+            return value + b"x"
+        return bytes(b ^ 1 for b in value)
+    if type(value) in (list, tuple):
+        if variant == 0 or not value:
+            extra = changed_result(value[-1], 0) if value else 0
+            return value + type(value)([extra])
+        return type(value)(changed_result(item, 1) for item in value)
+    if type(value) is dict:
+        if variant == 0 or not value:
+            key = 0
+            while key in value:
+                key += 1
+            return {**value, key: 0}
+        return {k: changed_result(v, 1) for k, v in value.items()}
+    if type(value) in (set, frozenset):
+        if variant == 0 or not value:
+            item = 0
+            while item in value:
+                item += 1
+            return type(value)([*value, item])
+        return type(value)(list(value)[1:])
+    if value is None:
+        return 0 if variant == 0 else ""
+    if hasattr(type(value), "__next__"):
+        return iter(changed_result(list(value), variant))
+    return None
+
+
+def changed_result_program(reference: str, entry_point: str, variant: int) -> str:
+    """The reference program whose entry point returns :func:`changed_result` of the right result (its own recursive
+    calls get the right results: only the outermost call is changed)."""
+    helper = inspect.getsource(changed_result).replace("changed_result", "_comlrl_changed_result")
+    return (
+        f"{reference.rstrip()}\n\n\n{helper}\n\n"
+        f"_comlrl_reference = {entry_point}\n"
+        "_comlrl_depth = [0]\n\n\n"
+        f"def {entry_point}(*args, **kwargs):\n"
+        "    _comlrl_depth[0] += 1\n"
+        "    try:\n"
+        "        result = _comlrl_reference(*args, **kwargs)\n"
+        f"        return _comlrl_changed_result(result, {variant}) if _comlrl_depth[0] == 1 else result\n"
+        "    finally:\n"
+        "        _comlrl_depth[0] -= 1\n"
+    )
