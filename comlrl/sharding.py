@@ -26,7 +26,7 @@ import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -52,7 +52,7 @@ class ShardingPlan:
     """How agents on several ranks are sharded (parsed from ``fsdp`` / ``fsdp_config``)."""
 
     hybrid: bool = False  # shard within groups of ``shard_size`` ranks, replicate across groups
-    shard_size: int | None = None  # hybrid: ranks per shard group (None: the ranks of one node)
+    shard_size: int | None = None  # hybrid: ranks per shard group (None: the agent's ranks on one node)
     reshard_after_forward: bool = True  # free gathered weights after each unit's forward (False: keep for backward)
     mixed_precision: bool | None = None  # bf16 compute, fp32 gradient reduction (None: when bf16 is on)
     offload_params: bool = False  # keep the shards and optimizer state in CPU memory (GPU runs)
@@ -95,26 +95,54 @@ def sharding_plan(fsdp: str | list | bool | None, fsdp_config: dict | None = Non
     )
 
 
-def mesh_shape(num_ranks: int, plan: ShardingPlan, ranks_per_node: int) -> tuple[int, ...]:
-    """The device mesh of an agent on ``num_ranks`` ranks: (num_ranks,) fully sharded, or (replicas, shard size)."""
+def mesh_layout(ranks: Sequence[int], plan: ShardingPlan, ranks_per_node: int) -> list[list[int]]:
+    """The device mesh of an agent on ``ranks`` as rows of ranks: one row (the ranks as placed) fully sharded; with
+    ``hybrid_shard`` one row per replica, each row a shard group of consecutive ranks (in rank order).
+
+    The default shard group is the agent's own ranks on one node (rank // ``ranks_per_node``), not the node's size:
+    under the default placement agents interleave, so an agent holds fewer ranks of each node, and a node-sized
+    group would span nodes and leave no replica. Every node must then hold the same number of the agent's ranks.
+    """
+    ranks = list(ranks)
     if not plan.hybrid:
-        return (num_ranks,)
-    size = plan.shard_size or min(num_ranks, ranks_per_node)
-    if num_ranks % size:
+        return [ranks]
+    ordered = sorted(ranks)
+    size = plan.shard_size
+    if size is None:
+        per_node = [0] * (max(ordered) // ranks_per_node + 1)
+        for r in ordered:
+            per_node[r // ranks_per_node] += 1
+        counts = [c for c in per_node if c]
+        if len(set(counts)) > 1:
+            divisors = [d for d in range(1, len(ranks) + 1) if len(ranks) % d == 0]
+            raise ConfigError(
+                f"fsdp='hybrid_shard': an agent on ranks {ordered} holds {counts} of them on its nodes "
+                f"({ranks_per_node} ranks a node); the default shard group (the agent's ranks on one node) needs the "
+                f"same number on each node: set fsdp_config.hybrid_shard_size (one of {divisors}) or training.placement."
+            )
+        size = counts[0]
+    if len(ranks) % size:
         raise ConfigError(
-            f"fsdp='hybrid_shard': an agent on {num_ranks} ranks cannot be split into shard groups of {size} ranks "
+            f"fsdp='hybrid_shard': an agent on {len(ranks)} ranks cannot be split into shard groups of {size} ranks "
             "(fsdp_config.hybrid_shard_size must divide the number of ranks each agent is placed on)."
         )
-    return (num_ranks // size, size)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def mesh_shape(ranks: Sequence[int], plan: ShardingPlan, ranks_per_node: int) -> tuple[int, ...]:
+    """The shape of :func:`mesh_layout`: (number of ranks,) fully sharded, or (replicas, shard size)."""
+    rows = mesh_layout(ranks, plan, ranks_per_node)
+    return (len(rows), len(rows[0])) if plan.hybrid else (len(rows[0]),)
 
 
 def agent_mesh(ranks: tuple[int, ...], plan: ShardingPlan, device_type: str, ranks_per_node: int) -> Any:
     """The agent's device mesh over ``ranks`` (every rank of the job must build every agent's mesh, in order)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    shape = mesh_shape(len(ranks), plan, ranks_per_node)
-    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-    return DeviceMesh(device_type, torch.tensor(ranks).view(shape), mesh_dim_names=names)
+    rows = mesh_layout(ranks, plan, ranks_per_node)
+    if plan.hybrid:
+        return DeviceMesh(device_type, torch.tensor(rows), mesh_dim_names=("replicate", "shard"))
+    return DeviceMesh(device_type, torch.tensor(rows[0]), mesh_dim_names=("shard",))
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:

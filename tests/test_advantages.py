@@ -27,19 +27,29 @@ def test_four_baselines_differ_under_defaults():
 
 
 def test_group_std_scaling_is_opt_in():
+    """TRL's scale_rewards='group': divide by the group's Bessel-corrected std plus 1e-4. Returns [1, 2, 3, 6]:
+    mean 3, A = [-2, -1, 0, 3], std = sqrt(14 / 3) = 2.1602469."""
     a = compute_advantages(R, "mean", scale="group")
-    std = R.std(unbiased=False)
-    torch.testing.assert_close(a, (R - 3.0) / (std + 1e-6))
+    torch.testing.assert_close(a, torch.tensor([[-2.0, -1.0, 0.0, 3.0]]) / (2.1602469 + 1e-4))
     # with std scaling, mean and loo differ only by the factor G/(G-1): scaling does not make them equal
     b = compute_advantages(R, "loo", scale="group")
     torch.testing.assert_close(b, a * 4 / 3)
 
 
+def test_group_scaling_of_a_pair_by_hand():
+    """G = 2, returns [0, 1]: A = [-0.5, 0.5], Bessel std sqrt(0.5) = 0.7071068 (the population std, 0.5, would give
+    +-1, sqrt(2) times TRL's advantages)."""
+    a = compute_advantages(torch.tensor([[0.0, 1.0]]), "mean", scale="group")
+    torch.testing.assert_close(a, torch.tensor([[-0.5, 0.5]]) / (0.7071068 + 1e-4))
+    assert a[0, 1].item() == pytest.approx(0.70701, abs=1e-5)
+
+
 def test_batch_scaling_uses_all_returns():
+    """TRL's scale_rewards='batch': the Bessel-corrected std of every return plus 1e-4. Returns 0, 2, 10, 14: mean
+    6.5, squared deviations 42.25 + 20.25 + 12.25 + 56.25 = 131, std = sqrt(131 / 3) = 6.6080760."""
     r = torch.tensor([[0.0, 2.0], [10.0, 14.0]])
-    std = r.std(unbiased=False)
     torch.testing.assert_close(
-        compute_advantages(r, "mean", scale="batch"), torch.tensor([[-1.0, 1.0], [-2.0, 2.0]]) / (std + 1e-6)
+        compute_advantages(r, "mean", scale="batch"), torch.tensor([[-1.0, 1.0], [-2.0, 2.0]]) / (6.6080760 + 1e-4)
     )
 
 
@@ -50,6 +60,9 @@ def test_edge_cases():
     assert torch.all(compute_advantages(equal, "mean", scale="group") == 0)  # std 0 -> eps, no NaN
     single = torch.tensor([[4.0]])
     assert compute_advantages(single, "none").item() == 4.0
+    assert (
+        compute_advantages(single, "none", "group").item() == compute_advantages(single, "none", "batch").item() == 4.0
+    )
     assert compute_advantages(single, "mean").item() == 0.0
     with pytest.raises(ValueError, match="at least 2"):
         compute_advantages(single, "loo")

@@ -28,9 +28,9 @@ from test_distributed import (
     torchrun,
 )
 
-from comlrl import checkpoint
+from comlrl import checkpoint, distributed
 from comlrl.errors import ConfigError
-from comlrl.sharding import ShardingPlan, clip_grad_norm_, mesh_shape, sharding_plan
+from comlrl.sharding import ShardingPlan, clip_grad_norm_, mesh_layout, mesh_shape, sharding_plan
 
 FSDP_ATOL = 5e-5
 BASE = {"max_steps": 4, "save_steps": 2, "num_turns": 2, "per_device_train_batch_size": 3, "bf16": False}
@@ -70,11 +70,97 @@ def test_config_checks_the_fsdp_fields():
 
 
 def test_mesh_shapes():
-    assert mesh_shape(4, ShardingPlan(), 8) == (4,)
-    assert mesh_shape(8, ShardingPlan(hybrid=True), 4) == (2, 4)  # default: shard within a node
-    assert mesh_shape(4, ShardingPlan(hybrid=True, shard_size=2), 8) == (2, 2)
+    assert mesh_shape(range(4), ShardingPlan(), 8) == (4,)
+    assert mesh_shape(range(8), ShardingPlan(hybrid=True), 4) == (2, 4)  # default: shard within a node
+    assert mesh_shape(range(4), ShardingPlan(hybrid=True, shard_size=2), 8) == (2, 2)
     with pytest.raises(ConfigError, match="shard groups of 3 ranks"):
-        mesh_shape(4, ShardingPlan(hybrid=True, shard_size=3), 8)
+        mesh_shape(range(4), ShardingPlan(hybrid=True, shard_size=3), 8)
+
+
+def _hybrid_meshes(agents: int, nodes: int, per_node: int) -> list[list[list[int]]]:
+    """Each agent's hybrid_shard mesh (rows: replicas, each a shard group) under the default placement."""
+    placement = distributed.resolve_placement(agents, nodes * per_node)
+    return [mesh_layout(ranks, ShardingPlan(hybrid=True), per_node) for ranks in placement.ranks]
+
+
+@pytest.mark.parametrize(
+    "agents, nodes, per_node, shape",
+    [
+        (2, 1, 8, (1, 4)),  # one node: the agent's 4 ranks there form its one shard group
+        (2, 2, 8, (2, 4)),  # agent 0 on ranks 0, 2, ..., 14: 4 per node, a replica per node
+        (2, 4, 8, (4, 4)),
+        (3, 1, 6, (1, 2)),  # 3 agents on 8-GPU nodes run 6 ranks a node (8 is not a multiple of 3)
+        (3, 2, 6, (2, 2)),
+        (3, 4, 6, (4, 2)),
+    ],
+)
+def test_hybrid_shard_groups_are_the_agents_own_ranks_on_one_node(agents, nodes, per_node, shape):
+    meshes = _hybrid_meshes(agents, nodes, per_node)
+    placement = distributed.resolve_placement(agents, nodes * per_node)
+    for i, (rows, ranks) in enumerate(zip(meshes, placement.ranks)):
+        assert (len(rows), len(rows[0])) == shape, i
+        assert all(len({r // per_node for r in row}) == 1 for row in rows), (i, rows)  # a group stays in its node
+        assert sorted(r for row in rows for r in row) == sorted(ranks), i
+        assert mesh_shape(ranks, ShardingPlan(hybrid=True), per_node) == shape
+        assert rows == [list(range(n * per_node + i, (n + 1) * per_node, agents)) for n in range(nodes)]
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_three_agents_on_eight_gpu_nodes_need_a_placement(nodes):
+    with pytest.raises(ConfigError, match="multiple of num_agents"):
+        _hybrid_meshes(3, nodes, 8)
+
+
+def test_hybrid_shard_uneven_ranks_per_node_ask_for_a_shard_size():
+    # 3 agents on 3 x 8 ranks: agent 0 holds ranks 0, 3, 6 | 9, 12, 15 | 18, 21 -- 3, 3 and 2 on the three nodes
+    with pytest.raises(ConfigError, match=r"agent on ranks \[0, 3, .*\[3, 3, 2\].*hybrid_shard_size.*\[1, 2, 4, 8\]"):
+        _hybrid_meshes(3, 3, 8)
+    ranks = distributed.resolve_placement(3, 24).ranks[0]
+    assert mesh_layout(ranks, ShardingPlan(hybrid=True, shard_size=2), 8) == [[0, 3], [6, 9], [12, 15], [18, 21]]
+
+
+def test_hybrid_mesh_rows_follow_the_nodes_whatever_the_placement_order():
+    assert mesh_layout((9, 1, 8, 0), ShardingPlan(hybrid=True), 8) == [[0, 1], [8, 9]]
+    assert mesh_layout((9, 1, 8, 0), ShardingPlan(), 8) == [[9, 1, 8, 0]]  # fully sharded: one row, as placed
+    assert mesh_layout(range(16), ShardingPlan(hybrid=True), 8) == [list(range(8)), list(range(8, 16))]  # MAAC critic
+
+
+def test_process_group_backend_has_a_cpu_backend_when_a_gpu_job_offloads():
+    assert distributed.backend_for("cpu", offload=False) == distributed.backend_for("cpu", offload=True) == "gloo"
+    assert distributed.backend_for("cuda", offload=False) == "nccl"
+    # offloaded shards have their gradients in CPU memory: the norm's all-reduce runs on CPU tensors
+    assert distributed.backend_for("cuda", offload=True) == "cuda:nccl,cpu:gloo"
+    assert distributed.has_cpu_backend("gloo") and distributed.has_cpu_backend("cuda:nccl,cpu:gloo")
+    assert not distributed.has_cpu_backend("nccl") and not distributed.has_cpu_backend("cuda:nccl")
+
+
+@pytest.fixture
+def fake_gpu_job(monkeypatch):
+    """A 2-rank job on cuda:0 whose process group calls are recorded, not made: the backends asked for."""
+    asked: list[str] = []
+    monkeypatch.setattr(distributed, "launched", lambda: True)
+    monkeypatch.setattr(distributed, "device_for", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: bool(asked))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kw: asked.append(backend))
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: asked[-1])
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(distributed, "DistTeam", lambda placement, device, timeout, plan: plan)
+    return asked
+
+
+@pytest.mark.parametrize("fsdp, backend", [("full_shard", "nccl"), ("full_shard offload", "cuda:nccl,cpu:gloo")])
+def test_setup_initializes_the_backend_the_fsdp_plan_needs(fake_gpu_job, fsdp, backend):
+    args = type("Args", (), {"fsdp": fsdp, "fsdp_config": None, "placement": None})()
+    plan = distributed.setup(args, num_agents=2)
+    assert fake_gpu_job == [backend] and plan.offload_params == ("offload" in fsdp)
+
+
+def test_offload_on_a_gpu_refuses_a_process_group_without_a_cpu_backend(fake_gpu_job):
+    fake_gpu_job.append("nccl")  # initialized before, by the user
+    with pytest.raises(ConfigError, match=r"cuda:nccl,cpu:gloo"):
+        distributed.init(device=torch.device("cuda", 0), offload=True)
+    assert distributed.init(device=torch.device("cuda", 0)) and fake_gpu_job == ["nccl"]  # without offload: fine
 
 
 def test_clip_grad_norm_over_whole_tensors_by_hand():
