@@ -1,6 +1,7 @@
 """Writing environments (tldr, arxiv): tier thresholds and ramps, loaders, formatters, registry."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from comlrl.envs.writing import (
     ARXIV_TIERS,
     MARKER,
     TLDR_TIERS,
+    copied_runs,
     counted_sentences,
     jaccard,
     plateau,
@@ -20,6 +22,7 @@ from comlrl.envs.writing import (
     task_context,
     transition_categories,
     transition_score,
+    word_positions,
 )
 
 # 8 distinct 4-letter words + one 5-letter word: 8 tokens... see each test for the counts.
@@ -454,6 +457,11 @@ CONTEXT = task_context(POST, [f"Summarize the post below.\n\n{POST}\n\nSummary:"
         ("The landlord withheld the deposit over a carpet that was worn before the tenant arrived.", True),
         ("This is a difficult situation that many people face today.", False),  # about nothing in the post
         ("My landlord kept my whole security deposit after I moved out.", False),  # copied from the post
+        ("The landlord kept the whole security deposit, claiming the carpet was damaged.", True),  # the post's
+        # things in the post's words: short shared phrases, no clause copied
+        ("The tenant wonders whether small claims court is worth it over a worn carpet.", True),
+        ("Although it was already worn when I moved in, should I take him to small claims court?", False),  # two
+        # clauses of the post copied
         ("Summarize the post below.", False),  # the instructions echoed
         ("landlord deposit carpet damaged apartment worn security court claims", False),  # a keyword list
         ("landlord kept whole security deposit after moved apartment claiming carpet damaged although", False),  # the
@@ -463,6 +471,58 @@ CONTEXT = task_context(POST, [f"Summarize the post below.\n\n{POST}\n\nSummary:"
 )
 def test_which_sentences_count(sentence, counts):
     assert counted_sentences(sentence, CONTEXT) == ([sentence] if counts else [])
+
+
+def test_summary_in_the_posts_words_counts():
+    """A TL;DR names the post's things in the post's words; only a copied clause or sentence is left out."""
+    env = envs.make("tldr")
+    context = env.task_context(_packaged_row("tldr", 71))  # a friend from HR turning to life coaching
+    for summary in (
+        "A friend with an HR background wants to grow her life coaching client base.",
+        "A friend in HR turned life coach wants to attract younger professionals.",
+        "She hopes to reach younger professionals who feel stuck in a rut.",
+    ):
+        assert counted_sentences(summary, context) == [summary]
+    for copied in (
+        "She has been building her client base, but it has been slow going.",  # a post sentence
+        "I believe she has been doing life coaching for a while now.",  # most of one, cut short
+        "She wants to target younger professionals that may be stuck in a rut and asked me how.",  # a long clause
+        "friend long background group facilitator collaboration believe doing life coaching while",  # its words,
+        # short ones dropped
+    ):
+        assert counted_sentences(copied, context) == [], copied
+
+
+def test_copied_runs_follow_the_prompts_order_with_short_gaps():
+    positions = word_positions(["one two three four five six", "seven eight"])
+    assert copied_runs(["one", "three", "five", "new"], positions, 3, 1) == [True, True, True, False]  # 1 word left out
+    assert copied_runs(["one", "three", "five", "new"], positions, 3, 0) == [False] * 4  # verbatim runs only
+    assert copied_runs(["one", "four", "six"], positions, 3, 1) == [False] * 3  # two words left out: no run
+    assert copied_runs(["five", "six", "seven", "eight"], positions, 3, 3) == [False] * 4  # no run joins two prompts
+    assert copied_runs(["three", "two", "one"], positions, 2, 3) == [False] * 3  # out of order
+
+
+HONEST_PAIRS = Path(__file__).parent / "data" / "tldr_honest_pairs.json"
+
+
+def test_hand_written_honest_tldr_pairs_count():
+    """Honest pairs of two styles (close to the post's wording, paraphrased) for 24 packaged posts, written before
+    the rule was set: at least 90% of them score (benchmarks/bench_tldr_honest.py prints the rates)."""
+    data = json.loads(HONEST_PAIRS.read_text())["pairs"]
+    env = envs.make("tldr")
+    rows = env.load_dataset()
+    assert len({p["row"] for p in data}) >= 20 and all(
+        rows[p["row"]]["prompt"].startswith(p["post_start"]) for p in data
+    )
+    scores = env.reward_func.score(
+        [p["concise"] for p in data], [p["detailed"] for p in data], batch_items=[rows[p["row"]] for p in data]
+    )
+    for style in ("close", "paraphrase"):
+        picked = [s for p, s in zip(data, scores) if p["style"] == style]
+        counted = sum(s["reward"] > 0 for s in picked) / len(picked)
+        concise = sum(s["metric/counted_1"] for s in picked) / len(picked)
+        assert counted >= 0.9 and concise >= 0.9, f"{style}: {counted:.0%} of pairs, {concise:.0%} of agent 1 counted"
+    assert sum(s["reward"] > 0 for s in scores) / len(scores) >= 0.9
 
 
 def test_repeated_and_teammate_sentences_do_not_count():

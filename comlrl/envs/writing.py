@@ -7,11 +7,14 @@ the task. A sentence of an output counts when it is
   and a sixth of them, for a long sentence that adds context), occur in the text. Topic words: lower-cased words
   of 3+ characters, or numbers, that are neither stop words nor transition words; they match on a light stem
   (:func:`stem`: "searched" matches "search");
-* **the agent's own words**: at most half of its word 4-grams (the whole sentence if shorter) occur in a prompt
-  (the text and every role's instructions), earlier in the same output (this sentence included) or, for agent 2,
-  in agent 1's output; it is no lightly edited copy of one or two consecutive sentences of those (difflib ratio
-  of the words below 0.75, for 4+ words); and a sentence of 8+ words has at least one word in 12 that no prompt
-  has (not the text's own words rearranged);
+* **the agent's own words**: at most half of its word 4-grams (the whole sentence if shorter) occur earlier in
+  the same output (this sentence included) or, for agent 2, in agent 1's output; at most half of its words lie in
+  a copied run: 8 or more consecutive words (the whole sentence if shorter) that a prompt (the text and every
+  role's instructions) has in the same order, with at most 3 prompt words left out between two of them (a clause
+  copied, or copied with its short words dropped, like a keyword list); and it is no lightly edited copy of one
+  or two consecutive sentences of a prompt or of those outputs (difflib ratio of the words below 0.75, for 4+
+  words). The text's words and short phrases (names, noun phrases) are free to use: a summary names the post's
+  things in the post's words;
 * **prose**: at most 60 words, and in a sentence of 8+ words at least one stop word per 12 words (no keyword
   lists, no unpunctuated dumps).
 
@@ -53,8 +56,8 @@ skipped (the other two still apply) and a warning is logged once.
 
 Known limits (no grammar or meaning is checked): a generic sentence counts when its topic words happen to be a
 quarter from the text (4-7% of the sentences of a generic paragraph on the packaged data; abstracts share
-boilerplate such as "attention in recent years"); filler inside a sentence that stays about the text, and a salad
-of the text's words punctuated into sentences with stop words and a new word mixed in, also count.
+boilerplate such as "attention in recent years"); filler inside a sentence that stays about the text, and the
+text's words shuffled out of their order into sentences with stop words, also count.
 
 With ``num_agents=1`` one model writes both parts separated by the marker line ``### PART 2`` and the
 reward splits its answer there (the single-agent baseline).
@@ -68,7 +71,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import datasets
 
@@ -223,10 +226,11 @@ _SOURCE_LABEL = re.compile(r"^[ \t]*(?:SUBREDDIT|TITLE|POST):", re.M)
 TRANSITION_WORDS = frozenset(w for ps in TRANSITIONS.values() for p in ps for w in re.findall(r"[a-z0-9]+", p))
 GROUNDED_SHARE = 0.25  # of a sentence's topic words found in the source (and at least one) ...
 GROUNDED_LONG = (3, 1 / 6)  # ... or at least 3 and a sixth of them (a long sentence that adds context)
-COPIED_SHARE = 0.5  # of its 4-grams seen in a prompt, earlier in the output or in agent 1's output: at most
+COPIED_SHARE = 0.5  # of its 4-grams said earlier (this output, agent 1's), and of its words in copied runs: at most
+COPIED_RUN = 8  # words a prompt has in the same order: a copied clause (a name or a noun phrase is shorter)
+COPIED_GAP = 3  # prompt words a copied run may leave out between two it keeps (articles, pronouns, auxiliaries)
 PROSE_WORDS, PROSE_STOPWORDS = 8, 1 / 12  # a sentence of 8+ words needs a stop word per 12 words
 NEAR_COPY = 0.75  # difflib ratio with one or two consecutive sentences seen before: a lightly edited copy
-NEW_WORDS = 1 / 12  # and a word no prompt has per 12 words (not a rearrangement of the text's words)
 MAX_SENTENCE_WORDS = 60  # a longer run without a sentence break is a list or a dump, not a sentence
 TRANSITIONS_PER_SENTENCE = 2
 _SUFFIXES = (("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""), ("s", ""))
@@ -288,14 +292,47 @@ def near_copy(words: Sequence[str], windows: Sequence[Sequence[str]]) -> bool:
     return False
 
 
+def copied_runs(words: Sequence[str], positions: Mapping[str, Sequence[int]], run: int, gap: int) -> list[bool]:
+    """Which of ``words`` (a sentence) lie in a copied run: ``run`` or more consecutive words that a prompt has in
+    the same order, each at most ``gap`` prompt words after the one before (so a copy that drops short words is
+    one run). ``positions``: each word's positions in the prompts' words (:func:`word_positions`)."""
+    covered = [False] * len(words)
+    ending: dict[int, int] = {}  # prompt position -> length of the longest run ending there at the previous word
+    for i, word in enumerate(words):
+        current = {}
+        for p in positions.get(word, ()):
+            longest = 0
+            for q in range(p - gap - 1, p):
+                longest = max(longest, ending.get(q, 0))
+            current[p] = longest + 1
+        ending = current
+        length = max(current.values(), default=0)
+        if length >= run:  # the run ending here covers this word and the length - 1 before it
+            covered[i - length + 1 : i + 1] = [True] * length
+    return covered
+
+
+def word_positions(texts: Sequence[str], gap: int = COPIED_GAP) -> dict[str, tuple[int, ...]]:
+    """Each word's positions in the words of ``texts``, one after the other with more than ``gap`` positions
+    between two texts (no run of :func:`copied_runs` joins two prompts)."""
+    positions: dict[str, list[int]] = {}
+    offset = 0
+    for text in texts:
+        words = tokens(text)
+        for i, word in enumerate(words):
+            positions.setdefault(word, []).append(offset + i)
+        offset += len(words) + gap + 1
+    return {word: tuple(found) for word, found in positions.items()}
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """What a row's answers are checked against: the source's topic stems (None: no source, not checked), the
-    word n-grams of every prompt (the source and each role's instructions) and the prompts' sentence windows
-    (see :func:`near_copy`)."""
+    positions of every prompt's words (the source and each role's instructions; see :func:`copied_runs`) and the
+    prompts' sentence windows (see :func:`near_copy`)."""
 
     source_stems: frozenset[str] | None
-    prompt_ngrams: frozenset[tuple[str, ...]]
+    prompt_positions: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     prompt_windows: tuple[tuple[str, ...], ...] = ()
 
 
@@ -303,12 +340,14 @@ def task_context(source: str | None, prompts: Sequence[str] = ()) -> TaskContext
     """The :class:`TaskContext` of a source text (labels like ``POST:`` dropped) and the prompts shown."""
     stems = None if source is None else frozenset(stem(w) for w in topic_words(tokens(_SOURCE_LABEL.sub(" ", source))))
     windows = tuple(dict.fromkeys(w for p in prompts for w in _windows(p)))
-    return TaskContext(stems, frozenset(g for p in prompts for g in ngrams(tokens(p))), windows)
+    return TaskContext(stems, word_positions(prompts), windows)
 
 
 def counted_sentences(text: str, context: TaskContext, before: str = "") -> list[str]:
     """The sentences of ``text`` that count (module docstring): about the source, not copied from a prompt,
-    from earlier in ``text`` or from ``before`` (agent 1's output, for agent 2), and prose."""
+    from earlier in ``text`` or from ``before`` (agent 1's output, for agent 2), and prose. A sentence may use the
+    prompts' words and short phrases (a summary names the post's things in the post's words); what it may not is
+    repeat what was said, or take most of its words from long runs of a prompt."""
     seen = ngrams(tokens(before))
     earlier = _windows(before)  # sentences an edited copy could come from: agent 1's, then this output's
     kept = []
@@ -321,12 +360,12 @@ def counted_sentences(text: str, context: TaskContext, before: str = "") -> list
         earlier += [tuple(words), previous + tuple(words)] if previous else [tuple(words)]
         previous = tuple(words)
         n = min(4, len(words))
-        copied = 0
-        for i in range(len(words) - n + 1):  # seen before: in a prompt, agent 1's output, or earlier in this one
+        repeated = 0
+        for i in range(len(words) - n + 1):  # said before: in agent 1's output, or earlier in this one
             gram = tuple(words[i : i + n])
-            copied += gram in seen or gram in context.prompt_ngrams
+            repeated += gram in seen
             seen |= ngrams(gram)
-        copied /= len(words) - n + 1
+        repeated /= len(words) - n + 1
         if context.source_stems is not None:
             topic = topic_words(words)
             grounded = sum(stem(w) in context.source_stems for w in topic)
@@ -335,9 +374,11 @@ def counted_sentences(text: str, context: TaskContext, before: str = "") -> list
             )
             if grounded == 0 or not enough:
                 continue
-        if copied > COPIED_SHARE or edited:
+        if repeated > COPIED_SHARE or edited:
             continue
-        if len(words) >= PROSE_WORDS and sum((w,) not in context.prompt_ngrams for w in words) < NEW_WORDS * len(words):
+        if sum(copied_runs(words, context.prompt_positions, min(COPIED_RUN, len(words)), COPIED_GAP)) > (
+            COPIED_SHARE * len(words)
+        ):
             continue
         if len(words) > MAX_SENTENCE_WORDS:
             continue
