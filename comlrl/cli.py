@@ -96,7 +96,7 @@ def run_directory(cfg: runconfig.RunConfig) -> Path:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from . import distributed
+    from . import distributed, sharding
 
     if getattr(ns, "nproc", 0):  # the same command under torchrun, one process per rank (docs/distributed.md)
         args = ["-v"] * bool(getattr(ns, "verbose", False)) + ["train", ns.config]
@@ -105,7 +105,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     cfg = runconfig.load_config(ns.config, ns.set)
     cfg.resume = cfg.resume or ns.resume
     # Under torchrun (a no-op otherwise): rank 0 picks and prepares the run directory, every rank uses it.
-    distributed.init(cfg.training.get("dist_timeout"), cfg.training.get("device", "auto"))
+    plan = sharding.sharding_plan(cfg.training.get("fsdp"), cfg.training.get("fsdp_config"))
+    offload = plan is not None and plan.offload_params
+    distributed.init(cfg.training.get("dist_timeout"), cfg.training.get("device", "auto"), offload=offload)
     run_dir, resume_from = distributed.run_once(_open_run, cfg)
     rank = distributed.world()[0]
     handler = _log_to_file(run_dir / ("train.log" if distributed.is_main() else f"train.rank{rank}.log"))

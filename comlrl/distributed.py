@@ -9,9 +9,13 @@ nothing here runs. Under torchrun every process builds the same trainer; :class:
   Default: round-robin (agent i on rank i % world) when world <= num_agents; otherwise ``world = num_agents x R``
   and rank = replica * num_agents + agent. A rank loads, generates and updates only its own agents.
 * **Rollout**: the step's root nodes (and every later turn's nodes) are split into R contiguous shards; replica r
-  of every agent generates shard r. Sampling is keyed per row (:mod:`comlrl.engine.sampling`), so what a row samples
-  does not depend on which process generates it or with which other rows. Every (agent, shard) piece is
-  all-gathered, so **every rank holds the full episode**, tensor for tensor what one process would have built.
+  of every agent generates shard r. Sampling is keyed per row (:mod:`comlrl.engine.sampling`), so a row's random
+  draws do not depend on which process generates it or with which other rows; its tokens do not either as long as
+  the engine's logits for a row do not depend on its batch (tested on CPU). vLLM on a GPU breaks that: its kernels
+  are not batch invariant, a row's logits change in their last bits with the rows batched beside it, so where two
+  tokens nearly tie a multi-rank run can sample another token than one process (docs/distributed.md). Every
+  (agent, shard) piece is all-gathered, so **every rank holds the full episode**, tensor for tensor what one
+  process would have built from the same completions.
 * **Scoring once**: rewards and multi-turn transitions run on rank 0 only (a code reward runs a sandbox; running
   it on every rank would repeat the work) and are broadcast; an exception there is broadcast too and raised on
   every rank, so a failing reward stops the whole job with its own message.
@@ -24,8 +28,9 @@ nothing here runs. Under torchrun every process builds the same trainer; :class:
   by rank 0, an agent by its first replica's rank. Checkpoints keep the atomic write-then-rename of
   :mod:`comlrl.checkpoint`: rank 0 renames only after every rank has written and fsynced its agents.
 
-Backend: NCCL when the process's device is a GPU (``cuda:LOCAL_RANK``), gloo on CPU; Python objects (texts,
-rewards, metrics) always travel on a gloo group. Every collective has ``dist_timeout`` seconds: a dead or hung
+Backend (:func:`backend_for`): NCCL when the process's device is a GPU (``cuda:LOCAL_RANK``), gloo on CPU; with
+FSDP's ``offload`` on a GPU, NCCL for GPU tensors and gloo for CPU ones (the offloaded shards' gradients are in CPU
+memory). Python objects (texts, rewards, metrics) always travel on a gloo group. Every collective has ``dist_timeout`` seconds: a dead or hung
 rank makes the others raise :class:`DistributedError` instead of waiting forever (torchrun also stops the job
 when any worker exits with an error).
 """
@@ -95,19 +100,38 @@ def device_for(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def init(timeout_s: float | None = None, device: torch.device | str = "auto") -> bool:
-    """Initialize the default process group once (NCCL for a GPU device, else gloo); False outside torchrun.
+def backend_for(device_type: str, offload: bool = False) -> str:
+    """The process group backend of a job on ``device_type``: gloo on CPU; NCCL on a GPU, plus gloo for CPU tensors
+    when FSDP offloads the shards (``offload``): their gradient norm and gathers are collectives on CPU tensors."""
+    if device_type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if offload else "nccl"
+
+
+def has_cpu_backend(backend: str) -> bool:
+    """True when a process group of ``backend`` (a name or a "device:name,..." map) runs collectives on CPU tensors."""
+    return backend == "gloo" or any(part.strip().startswith("cpu:") for part in backend.split(","))
+
+
+def init(timeout_s: float | None = None, device: torch.device | str = "auto", offload: bool = False) -> bool:
+    """Initialize the default process group once (:func:`backend_for` the device); False outside torchrun.
 
     ``timeout_s`` bounds every collective (default :data:`DEFAULT_TIMEOUT_S`); ``device``: a device or a config
-    name for :func:`device_for`. Called by the trainer and the CLI; a second call is a no-op. The group is
-    destroyed at interpreter exit.
+    name for :func:`device_for`; ``offload``: FSDP keeps the shards in CPU memory. Called by the trainer and the
+    CLI; a second call is a no-op, except that a GPU group without a CPU backend is refused under ``offload``. The
+    group is destroyed at interpreter exit.
     """
     if not launched():
         return False
-    if dist.is_initialized():
-        return True
     device = device_for(device) if isinstance(device, str) else device
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend_for(device.type, offload)
+    if dist.is_initialized():
+        if offload and device.type == "cuda" and not has_cpu_backend(str(dist.get_backend())):
+            raise ConfigError(
+                f"fsdp offload: the process group ({dist.get_backend()}) has no CPU backend, and the offloaded "
+                f"shards' gradients are in CPU memory; initialize it with backend={backend!r} (or let comlrl do it)."
+            )
+        return True
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
@@ -316,9 +340,9 @@ def setup(args: Any, num_agents: int) -> DistTeam | None:
         return None
     device = device_for(getattr(args, "device", "auto"))
     timeout = float(getattr(args, "dist_timeout", DEFAULT_TIMEOUT_S))
-    init(timeout, device)
-    placement = resolve_placement(num_agents, dist.get_world_size(), getattr(args, "placement", None))
     plan = sharding.sharding_plan(getattr(args, "fsdp", None), getattr(args, "fsdp_config", None))
+    init(timeout, device, offload=plan is not None and plan.offload_params)
+    placement = resolve_placement(num_agents, dist.get_world_size(), getattr(args, "placement", None))
     return DistTeam(placement, device, timeout, plan)
 
 
@@ -347,7 +371,7 @@ class DistTeam:
         for i, ranks in enumerate(placement.ranks):  # every rank creates every group, in the same order
             if len(ranks) < 2:
                 continue
-            backend = "nccl" if device.type == "cuda" else "gloo"
+            backend = backend_for(device.type, plan is not None and plan.offload_params)
             self.grad_groups[i] = dist.new_group(list(ranks), backend=backend, timeout=timeout)
             self.object_groups[i] = (
                 self.grad_groups[i]

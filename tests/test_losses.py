@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from tiny import tiny_model
@@ -371,3 +373,74 @@ def test_truncated_importance_weights_on_a_mismatched_rollout():
     torch.testing.assert_close(same, plain)
     torch.testing.assert_close(same_logp.grad, plain_logp.grad)
     assert ms["rollout_is_capped"] == 0 and ms["rollout_is_weight"] == pytest.approx(1.0)
+
+
+# --- the sampler's log-probs: what the importance weight compares with the rollout's --------------------------------
+
+
+def test_sampler_logprobs_by_hand():
+    """The log-prob of a token under the distribution the sampler draws from: repetition penalty, temperature,
+    top-k, top-p, renormalized over the kept tokens; -inf for a token they drop."""
+    from comlrl.accel.sampler import SamplerSettings, sampler_logprobs
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(3, 1)  # softmax: 0.644, 0.237, 0.087, 0.032
+    tokens = torch.tensor([0, 1, 2])
+    # top_p 0.7: token 1 has 0.644 above it (< 0.7, kept), token 2 has 0.881 (dropped); kept {0, 1}
+    got = sampler_logprobs(logits, tokens, SamplerSettings(top_p=0.7))
+    z = math.log(math.exp(2) + math.exp(1))
+    assert got[:2].tolist() == pytest.approx([2 - z, 1 - z], abs=1e-6) and got[2] == -math.inf
+    # temperature 2, then top_k 3: logits / 2 = [1, 0.5, 0, -0.5], token 3 dropped
+    got = sampler_logprobs(logits, torch.tensor([0, 2, 3]), SamplerSettings(temperature=2.0, top_k=3))
+    z = math.log(math.exp(1) + math.exp(0.5) + 1)
+    assert got[:2].tolist() == pytest.approx([1 - z, -z], abs=1e-6) and got[2] == -math.inf
+    # repetition penalty 2 on tokens 0 and 3 first: [1, 1, 0, -2]; top_k 2 keeps both tied at the 2nd value
+    seen = torch.tensor([[True, False, False, True]]).repeat(3, 1)
+    got = sampler_logprobs(logits, tokens, SamplerSettings(top_k=2, repetition_penalty=2.0), seen)
+    assert got[:2].tolist() == pytest.approx([math.log(0.5)] * 2, abs=1e-6) and got[2] == -math.inf
+    # no filter: the full softmax at the temperature, as token_logprobs scores it
+    plain = sampler_logprobs(logits, tokens, SamplerSettings(temperature=0.7))
+    torch.testing.assert_close(plain, token_logprobs(logits[None] / 0.7, tokens[None])[0])
+
+
+def test_completion_sampler_logprobs_penalize_what_the_row_holds_so_far():
+    """Position t's penalized tokens are the row's real prompt tokens and its completion before t (the pad token of
+    the left-padded prompt is not one); padding scores 0."""
+    from comlrl.accel.sampler import SamplerSettings, completion_sampler_logprobs
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0]).expand(1, 4, 4)  # the same logits at every position
+    prompt_ids, prompt_mask = torch.tensor([[0, 3]]), torch.tensor([[0, 1]])
+    completion_ids, completion_mask = torch.tensor([[1, 0, 2, 0]]), torch.tensor([[1, 1, 1, 0]])
+    got = completion_sampler_logprobs(
+        lambda rows, cols: logits[rows, cols],
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        SamplerSettings(repetition_penalty=2.0),
+        vocab=4,
+    )
+    e = math.exp
+    expected = [
+        1 - math.log(e(2) + e(1) + e(0) + e(-2)),  # seen {3}: [2, 1, 0, -2]
+        2 - math.log(e(2) + e(0.5) + e(0) + e(-2)),  # seen {3, 1}: [2, 0.5, 0, -2]
+        0 - math.log(e(1) + e(0.5) + e(0) + e(-2)),  # seen {3, 1, 0}: [1, 0.5, 0, -2]
+        0.0,  # padding
+    ]
+    assert got[0].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_importance_weight_compares_the_sampler_logprobs():
+    """With ``sampler_logp`` (the trainer's log-probs under the rollout's top-k / top-p / penalty) the weight is
+    min(exp(sampler_logp - rollout_logp), cap); a token the trainer's own filter drops weighs 0 and is counted in
+    rollout_is_filtered, not in rollout_kl."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    sampler = torch.tensor([[-0.5, -math.inf, -0.25]])
+    rollout = torch.tensor([[-0.5, -1.0, -0.5]])  # weights 1, 0, e^0.25
+    w, adv = torch.tensor([[0.25, 0.25, 0.5]]), torch.tensor([2.0])
+    loss, m = policy_loss(logp, logp.detach(), adv, w, rollout_logp=rollout, is_cap=3.0, sampler_logp=sampler)
+    loss.backward()
+    iw = torch.tensor([[1.0, 0.0, math.exp(0.25)]])
+    torch.testing.assert_close(logp.grad, -adv * w * iw)
+    assert m["rollout_is_weight"].item() == pytest.approx(0.25 + 0.5 * math.exp(0.25))
+    assert m["rollout_is_filtered"].item() == pytest.approx(0.25)
+    assert m["rollout_kl"].item() == pytest.approx(0.5 * (-0.5 + 0.25))

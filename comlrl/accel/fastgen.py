@@ -33,7 +33,13 @@ from torch import nn
 from .decode_weights import BASE_ADAPTER, Unsupported
 from .llama_decoder import LLAMA_LAYOUTS, LlamaDecoder, additive_mask, prompt_positions, window_exceeded  # noqa: F401
 from .modules import model_device, unwrap_peft
-from .sampler import inverse_cdf_pick, penalize_repetitions, token_sampler  # noqa: F401
+from .sampler import (  # noqa: F401
+    SamplerSettings,
+    inverse_cdf_pick,
+    penalize_repetitions,
+    sampler_logprobs,
+    token_sampler,
+)
 from .shapes import pad_tokens
 
 # Generation-config fields that make HF ``generate`` apply extra logits processors we do not reproduce.
@@ -114,9 +120,10 @@ def fast_generate(
     repetition_penalty: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Completion ids (B, <=max_new_tokens) for left-padded prompts, right-padded with ``pad_token_id`` after EOS;
-    with ``logprobs``, also each sampled token's log-prob under the decode's own logits divided by ``temperature``
-    (no top-k / top-p filtering: the policy the loss scores, as this decode computes it), (B, same width) fp32, 0
-    after EOS.
+    with ``logprobs``, also each sampled token's log-prob under the distribution it was drawn from, as this decode
+    computes it: the repetition penalty, ``temperature``, ``top_k`` and ``top_p`` applied and renormalized over the
+    kept tokens (:func:`comlrl.accel.sampler.sampler_logprobs`, vLLM's ``processed_logprobs``; greedy: the
+    temperature and penalty only), (B, same width) fp32, 0 after EOS.
 
     ``input_ids``/``attention_mask``: (B, P), left-padded as ``rollout.left_pad`` builds them. ``dtype``: compute
     dtype for the decode (e.g. ``torch.bfloat16`` casts a copy of the weights; ``None`` keeps the model's dtype).
@@ -131,7 +138,7 @@ def fast_generate(
     runs the model in eval mode and restores its mode afterwards). ``backend``: ``"auto"`` (Llama fast path when the layout allows, else generic),
     ``"llama"`` (raise if it cannot be used) or ``"generic"`` (the model's own forward and cache).
     ``repetition_penalty``: transformers' penalty on the tokens of each row's prompt and completion so far, applied
-    to the logits before sampling (before ``sample_fn``); the recorded log-probs do not include it.
+    to the logits before sampling (before ``sample_fn``) and in the recorded log-probs.
     """
     device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -164,7 +171,7 @@ def fast_generate(
             eos_token_ids,
             pad_token_id,
             logprobs,
-            temperature,
+            SamplerSettings(temperature, top_k, top_p) if do_sample else SamplerSettings(temperature),
             seen,
             repetition_penalty,
         )
@@ -198,12 +205,13 @@ def _decode_loop(
     eos_token_ids: list[int],
     pad_token_id: int,
     logprobs: bool = False,
-    temperature: float = 1.0,
+    scoring: SamplerSettings | None = None,
     seen: torch.Tensor | None = None,
     repetition_penalty: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sample, record, stop rows at EOS, feed the token back; returns ids (B, steps taken) and, with ``logprobs``,
-    the sampled tokens' log-probs under logits / ``temperature`` (same shape, 0 once a row is done).
+    the sampled tokens' log-probs under the penalized logits processed as ``scoring`` says (its temperature, top-k,
+    top-p; None: none of them; same shape, 0 once a row is done).
     ``seen`` (B, V) bool: tokens already in each row, penalized by ``repetition_penalty`` before sampling and
     updated with every sampled token."""
     batch = logits.shape[0]
@@ -213,6 +221,7 @@ def _decode_loop(
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)  # (B,)
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+    scoring = scoring or SamplerSettings()
     for t in range(max_new_tokens):
         scores = logits if seen is None else penalize_repetitions(logits, seen, repetition_penalty)
         tokens = torch.where(unfinished, sample(scores), pad)  # (B,)
@@ -220,9 +229,7 @@ def _decode_loop(
         if seen is not None:
             seen[torch.arange(batch, device=device), tokens] |= unfinished
         if logp is not None:
-            scored = logits.float() if temperature == 1.0 else logits.float() / temperature
-            picked = scored.gather(1, tokens[:, None])[:, 0] - scored.logsumexp(dim=-1)
-            logp[:, t] = picked.where(unfinished, 0.0)
+            logp[:, t] = sampler_logprobs(scores, tokens, scoring).where(unfinished, 0.0)
         if eos.numel():
             unfinished &= ~torch.isin(tokens, eos)
         # One host sync per step; on CPU it is free, on GPU it is what generate does too.

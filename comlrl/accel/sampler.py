@@ -3,13 +3,32 @@ top-p, as its warpers), one draw per row by inverse CDF, and transformers' repet
 
 Same distribution as ``generate``, a different random stream: ``torch.multinomial`` is replaced by an inverse-CDF draw
 (:func:`inverse_cdf_pick`), and top-p filters inside each row's top-K logits first (:func:`top_p_filter`).
+:func:`sampler_logprobs` scores a token under the distribution it was drawn from, for the rollout and the trainer
+alike (the importance weight of :func:`comlrl.algorithms.losses.policy_loss` compares the two).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What shapes the distribution a sampled token is drawn from, in the order applied: the repetition penalty on
+    the raw logits, the temperature, top-k, top-p (vLLM's order and transformers' alike)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0  # 1: off
+
+    @property
+    def filters(self) -> bool:
+        """Whether the drawn distribution differs from softmax(logits / temperature): a filter or a penalty is on."""
+        return bool(self.top_k) or self.top_p < 1.0 or self.repetition_penalty != 1.0
 
 
 def token_sampler(
@@ -20,17 +39,72 @@ def token_sampler(
         return lambda logits: logits.argmax(dim=-1)
 
     def sample(logits: torch.Tensor) -> torch.Tensor:
-        if temperature != 1.0:
-            logits = logits / temperature
-        if top_k and top_k < logits.shape[-1]:
-            # HF TopKLogitsWarper: drop everything strictly below the k-th largest (ties at the k-th are kept).
-            kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if top_p < 1.0:
-            logits = top_p_filter(logits, top_p)
-        return _inverse_cdf_sample(logits.softmax(dim=-1), generator)
+        return _inverse_cdf_sample(warp_logits(logits, temperature, top_k, top_p).softmax(dim=-1), generator)
 
     return sample
+
+
+def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """fp32 logits (B, V) after the temperature, top-k and top-p, -inf outside the kept tokens: what the sampler
+    draws from (its softmax)."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        # HF TopKLogitsWarper: drop everything strictly below the k-th largest (ties at the k-th are kept).
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        logits = top_p_filter(logits, top_p)
+    return logits
+
+
+def sampler_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, settings: SamplerSettings, seen: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log-probs (N,) of ``tokens`` (N,) under the distribution the sampler draws them from, given raw logits (N, V):
+    the repetition penalty on the ``seen`` (N, V) tokens, the temperature, top-k and top-p, renormalized over the
+    kept tokens (vLLM's ``processed_logprobs``); -inf for a token the filters drop."""
+    logits = logits.float()
+    if seen is not None and settings.repetition_penalty != 1.0:
+        logits = penalize_repetitions(logits, seen, settings.repetition_penalty)
+    warped = warp_logits(logits, settings.temperature, settings.top_k, settings.top_p)
+    return warped.gather(-1, tokens[:, None])[:, 0] - warped.logsumexp(dim=-1)
+
+
+def completion_sampler_logprobs(
+    logits_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    settings: SamplerSettings,
+    vocab: int,
+    chunk_bytes: int = 1 << 25,
+) -> torch.Tensor:
+    """:func:`sampler_logprobs` of every completion token (B, C), 0 on padding: position t's penalized tokens are the
+    row's real prompt tokens and its completion before t, as a rollout penalizes them.
+
+    ``logits_at(rows, cols)``: the raw logits (n, ``vocab``) before completion positions (rows, cols), asked for
+    about ``chunk_bytes`` of fp32 logits at a time, so no (B, C, V) tensor needs to exist.
+    """
+    device = completion_ids.device
+    out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=device)
+    rows, cols = completion_mask.bool().nonzero(as_tuple=True)
+    penalized = settings.repetition_penalty != 1.0
+    if penalized:  # (B, V): each row's real prompt tokens
+        prompt_seen = torch.zeros((len(prompt_ids), vocab), device=device)
+        prompt_seen = prompt_seen.scatter_add_(1, prompt_ids, prompt_mask.float()) > 0
+    positions = torch.arange(completion_ids.shape[1], device=device)
+    step = max(1, chunk_bytes // (4 * vocab))
+    for lo in range(0, len(rows), step):
+        r, c = rows[lo : lo + step], cols[lo : lo + step]
+        seen = None
+        if penalized:  # the prompt's tokens and the completion's before each position
+            before = (positions[None] < c[:, None]).float()  # (n, C)
+            counts = torch.zeros((len(r), vocab), device=device).scatter_add_(1, completion_ids[r], before)
+            seen = prompt_seen[r] | (counts > 0)
+        out[r, c] = sampler_logprobs(logits_at(r, c), completion_ids[r, c], settings, seen)
+    return out
 
 
 def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -80,6 +80,7 @@ def policy_loss(
     rollout_logp: torch.Tensor | None = None,
     is_cap: float = 2.0,
     epsilon_high: float | None = None,
+    sampler_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss (PPO/GRPO objective) summed with per-token ``weights``.
 
@@ -89,6 +90,10 @@ def policy_loss(
     ``rollout_logp`` (B, C): the log-probs the tokens were sampled with, when that policy differs numerically from
     the one ``old_logp`` scores (e.g. a bf16 rollout of fp32 weights): each token's policy term is weighted by the
     truncated importance weight min(exp(old_logp - rollout_logp), is_cap) (Yao et al. 2025, "TIS").
+    ``sampler_logp`` (B, C): old_logp's policy as the rollout sampled from it (repetition penalty, top-k, top-p,
+    renormalized over the kept tokens; -inf where they drop the token), when ``rollout_logp`` is under that
+    processing too: the weight is then min(exp(sampler_logp - rollout_logp), is_cap), 0 for a dropped token
+    (metric ``rollout_is_filtered``, left out of ``rollout_kl``). None: old_logp (no processing but the temperature).
     ``epsilon_high``: the ratio's upper clip is 1 + epsilon_high (DAPO's asymmetric clip-higher); None: epsilon.
     Returns (loss, metrics) where metrics are weighted sums over this batch (detached).
     """
@@ -103,12 +108,19 @@ def policy_loss(
         "approx_kl_old": ((old_logp - logp) * weights).sum().detach(),
     }
     if rollout_logp is not None:
-        raw = torch.exp(old_logp - rollout_logp).detach()
+        # Both sides under one processing: a filtered rollout's log-prob against the trainer's full softmax would
+        # weigh every token by its nucleus mass, and rollout_kl would measure the filter, not the engines' mismatch.
+        train = (old_logp if sampler_logp is None else sampler_logp).detach()
+        raw = torch.exp(train - rollout_logp).detach()
         is_weight = raw.clamp(max=is_cap)
         per_token = per_token * is_weight
         metrics["rollout_is_weight"] = (is_weight * weights).sum()
         metrics["rollout_is_capped"] = ((raw > is_cap).float() * weights).sum()
-        metrics["rollout_kl"] = ((rollout_logp - old_logp) * weights).sum().detach()  # KL(rollout || train), k1
+        kept = torch.isfinite(train)
+        log_ratio = torch.where(kept, rollout_logp - train, torch.zeros_like(train))
+        metrics["rollout_kl"] = (log_ratio * weights).sum().detach()  # KL(rollout || train), k1
+        if sampler_logp is not None:
+            metrics["rollout_is_filtered"] = ((~kept).float() * weights).sum()
     metrics["pg_loss"] = (per_token * weights).sum().detach()
     if ref_logp is not None and beta > 0:
         delta = ref_logp - logp

@@ -28,7 +28,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..accel.fastgen import fast_generate, supports_fast_generate
-from ..algorithms.losses import token_logprobs
+from ..accel.sampler import SamplerSettings, completion_sampler_logprobs
 from ..errors import ConfigError
 from .models import model_device
 from .sampling import RowSeededSampler
@@ -78,7 +78,9 @@ class Completions:
     """What an engine returns for a :class:`PromptBatch`, on CPU."""
 
     ids: torch.Tensor  # (R, C) long, right-padded; what follows a row's first stop id is ignored
-    logprobs: torch.Tensor | None = None  # (R, C) fp32: each sampled token's log-prob under the sampling policy
+    # (R, C) fp32: each sampled token's log-prob under the distribution it was drawn from (repetition penalty,
+    # temperature, top-k, top-p, renormalized: comlrl.accel.sampler.sampler_logprobs)
+    logprobs: torch.Tensor | None = None
     truncated: torch.Tensor | None = None  # (R,) bool: hit a length limit without a stop id; None: from the stop ids
 
 
@@ -111,6 +113,13 @@ class RolloutEngine(Protocol):
         ``settings.do_sample``, the sampled tokens' log-probs when ``settings.logprobs``; ``autocast_dtype``: the
         decode's compute dtype (None: the model's own)."""
         ...
+
+
+def sampler_settings(settings: GenerationSettings) -> SamplerSettings:
+    """What shapes the distribution a rollout with ``settings`` draws each token from (greedy: no top-k / top-p)."""
+    if not settings.do_sample:
+        return SamplerSettings(settings.temperature, repetition_penalty=settings.repetition_penalty)
+    return SamplerSettings(settings.temperature, settings.top_k, settings.top_p, settings.repetition_penalty)
 
 
 def row_sampler(batch: PromptBatch, settings: GenerationSettings, device: torch.device) -> RowSeededSampler | None:
@@ -195,8 +204,17 @@ class TransformersEngine:
         if not settings.logprobs:
             return Completions(out[:, width:].cpu())
         ids = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()  # (R, C, V) raw scores, before any warper
-        return Completions(ids.cpu(), token_logprobs(logits / settings.temperature, ids).cpu())
+        logits = torch.stack(out.logits, dim=1).float()  # (R, C, V) raw scores, before any processor
+        logp = completion_sampler_logprobs(
+            lambda r, c: logits[r, c],
+            batch.prompt_ids.to(device),
+            batch.prompt_mask.to(device),
+            ids,
+            torch.ones_like(ids),
+            sampler_settings(settings),
+            logits.shape[-1],
+        )
+        return Completions(ids.cpu(), logp.cpu())
 
     @staticmethod
     def generate_kwargs(batch: PromptBatch, settings: GenerationSettings) -> dict:

@@ -8,6 +8,7 @@ import itertools
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -16,6 +17,7 @@ from ..accel.head import contiguous_head_input, head_logprobs
 from ..accel.lean import lean_layers
 from ..accel.llama_decoder import LLAMA_LAYOUTS, additive_mask
 from ..accel.packing import shared_prompt_layout
+from ..accel.sampler import SamplerSettings, completion_sampler_logprobs
 from ..accel.shapes import pad_tokens
 from ..algorithms.losses import token_logprobs
 from .models import unwrap_peft
@@ -30,13 +32,17 @@ def completion_logprobs(
     completion_mask: torch.Tensor,
     row_adapters: list[str] | None = None,
     temperature: float = 1.0,
-) -> torch.Tensor:
+    sampler: SamplerSettings | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log p(completion token | prefix) for every completion position: (B, C), 0 where ``completion_mask`` is 0.
     Positions are taken from the mask. ``row_adapters`` (B,): each row's LoRA adapter on a shared base, rows of an
     adapter contiguous (see :func:`team_completion_logprobs`); None: the model as it is.
 
     ``temperature``: the policy scored is softmax(logits / temperature), the distribution a rollout at that
     temperature samples from before top-k / top-p truncation (as TRL scores it); truncation is not part of it.
+    ``sampler``: also the same tokens' log-probs under what a rollout with these settings draws from (repetition
+    penalty, temperature, top-k, top-p, renormalized: :func:`comlrl.accel.sampler.completion_sampler_logprobs`),
+    from the same forward's logits, without gradient; returns (log-probs, sampler log-probs) then.
 
     Logits are computed for real completion tokens only, never the prompt's or padding: for models whose logits are
     a plain output projection of the decoder's last hidden state (Llama-layout), through
@@ -57,13 +63,39 @@ def completion_logprobs(
     with training_forward(model):
         if parts is None:
             with _routed(names, slots):
-                return _logits_logprobs(model, ids, mask, position_ids, completion_ids, completion_mask, temperature)[
-                    :, :width
-                ]
+                logits = _completion_logits(model, ids, mask, position_ids, completion_ids.shape[1])
+            logp = _scored(logits, completion_ids, completion_mask, temperature)
+            if sampler is None:
+                return logp[:, :width]
+            with torch.no_grad():
+                detached = logits.detach()
+                sampled = completion_sampler_logprobs(
+                    lambda r, c: detached[r, c],
+                    prompt_ids,
+                    prompt_mask,
+                    completion_ids,
+                    completion_mask,
+                    sampler,
+                    logits.shape[-1],
+                )
+            return logp[:, :width], sampled[:, :width]
         decoder, head = parts
         states = _states_before_completion(
             model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids, names, slots
         )
+    sampled = None
+    if sampler is not None:
+        with torch.no_grad():
+            hidden = states.detach()
+            sampled = completion_sampler_logprobs(
+                lambda r, c: F.linear(hidden[r, c], head.weight, head.bias).float(),
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
+                sampler,
+                head.weight.shape[0],
+            )[:, :width]
     real = completion_mask.bool()
     states = states[real]  # (N, H): the state before each real completion token
     device_type = states.device.type
@@ -73,7 +105,7 @@ def completion_logprobs(
     if temperature != 1.0:  # logits / T == (h / T) W^T + b / T
         states, bias = states / temperature, None if bias is None else bias / temperature
     logp[real] = head_logprobs(states, head.weight, bias, completion_ids[real], dtype=dtype).float()
-    return logp[:, :width]
+    return logp[:, :width] if sampled is None else (logp[:, :width], sampled)
 
 
 def _states_before_completion(
@@ -139,12 +171,13 @@ def team_completion_logprobs(
     adapters: list[str],
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     temperature: float = 1.0,
-) -> list[torch.Tensor]:
+    sampler: SamplerSettings | None = None,
+) -> list[torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`completion_logprobs` of several agents' rows in one forward of their shared LoRA base, the rows of
     ``parts[i]`` = (prompt_ids, prompt_mask, completion_ids, completion_mask) through adapter ``adapters[i]`` whatever
     adapters are active. The same values (up to kernel rounding) as one call per agent with its adapter active; the
     base's fixed per-forward costs are paid once. Needs autocast and :func:`comlrl.engine.team.can_route`. Returns one
-    (B_i, C_i) tensor per part.
+    (B_i, C_i) tensor per part; with ``sampler``, a (log-probs, sampler log-probs) pair per part.
     """
     width_p = max(p[0].shape[1] for p in parts)
     width_c = max(p[2].shape[1] for p in parts)
@@ -152,13 +185,14 @@ def team_completion_logprobs(
     completions = [pad_tokens(p[2], p[3], left=False, width=width_c) for p in parts]
     stacked = [torch.cat(column) for column in (*zip(*prompts), *zip(*completions))]
     rows = [name for name, p in zip(adapters, parts) for _ in range(len(p[0]))]
-    logp = completion_logprobs(model, *stacked, row_adapters=rows, temperature=temperature)
-    out, lo = [], 0
+    out = completion_logprobs(model, *stacked, row_adapters=rows, temperature=temperature, sampler=sampler)
+    columns = out if sampler is not None else (out,)
+    split, lo = [], 0
     for p in parts:
         n, c = p[2].shape
-        out.append(logp[lo : lo + n, :c])
+        split.append(tuple(x[lo : lo + n, :c] for x in columns))
         lo += n
-    return out
+    return split if sampler is not None else [x for (x,) in split]
 
 
 def _adapter_slots(
@@ -206,15 +240,28 @@ def _logits_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """completion_logprobs through the model's own logits (the last C+1 positions only), 0 on padding."""
-    c = completion_ids.shape[1]
+    logits = _completion_logits(model, ids, mask, position_ids, completion_ids.shape[1])
+    return _scored(logits, completion_ids, completion_mask, temperature)
+
+
+def _scored(
+    logits: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Each completion token's log-prob under softmax(logits / temperature): (B, C), 0 on padding."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    return token_logprobs(logits, completion_ids) * completion_mask
+
+
+def _completion_logits(
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, c: int
+) -> torch.Tensor:
+    """The model's own logits before each of the last ``c`` tokens (the last c+1 positions only): (B, c, V)."""
     with contiguous_head_input(model):
         logits = model(
             input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False
         ).logits
-    logits = logits[:, :-1, :]
-    if temperature != 1.0:
-        logits = logits / temperature
-    return token_logprobs(logits, completion_ids) * completion_mask  # (B, C)
+    return logits[:, :-1, :]
 
 
 @contextlib.contextmanager

@@ -210,6 +210,6 @@ def _finish(r: GenerationRequest, batch: PromptBatch, out: Completions) -> Sampl
         truncated = out.truncated.bool()
     completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
     texts = r.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    if logp is not None:
-        logp = logp * mask
+    if logp is not None:  # a pad after a stop id may be a token top-k / top-p drop: -inf, and -inf * 0 is NaN
+        logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
     return Samples(batch.prompt_ids, batch.prompt_mask, completion_ids, mask, texts, truncated, logp)

@@ -7,11 +7,14 @@ weights from memory, so it never reads a checkpoint and always samples the polic
 rollout, the parameters an optimizer step changed (torch's in-place version counters tell which; comlrl's optimizer
 steps raise them) are pushed again: a full model's weights in place through vLLM's weight-reload path, a LoRA
 adapter as a new adapter version loaded at runtime from a temporary folder outside the run directory. Server mode
-(:mod:`.vllm_server`) shares the bookkeeping (:class:`SyncedEngine`).
+(:mod:`.vllm_server`) shares the bookkeeping (:class:`SyncedEngine`). With ``vllm_enable_sleep_mode`` on a GPU a
+process runs one engine (:class:`SleepModeClaim`), which sleeps after each rollout and wakes before the next push.
+The truncation flag of a row is not vLLM's ``finish_reason``: the rollout's stop-id scan sets it, as on every engine.
 
 Prompts go in as token ids and completion ids come back as vLLM sampled them, with each token's log-prob under
-the distribution it was drawn from (temperature, top-k and top-p applied: vLLM's ``processed_logprobs``), which
-the loss's truncated importance weight compares with the training forward's.
+the distribution it was drawn from (repetition penalty, temperature, top-k and top-p applied, renormalized: vLLM's
+``processed_logprobs``), which the loss's truncated importance weight compares with the training forward's under
+the same processing (:func:`comlrl.accel.sampler.sampler_logprobs`).
 
 ``vllm`` is imported on first use only: importing it takes seconds and changes process-wide state, which
 :func:`vllm_process_guard` puts back (torch's thread count and ``set_num_threads``, the global RNGs).
@@ -25,6 +28,7 @@ import os
 import random
 import shutil
 import tempfile
+import uuid
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -54,6 +58,7 @@ class VLLMOptions:
     server_port: int = 8000
     server_timeout: float = 240.0
     seed: int = 0
+    server_adapter_dir: str | None = None  # server mode: where adapter versions are written (None: TMPDIR)
 
 
 def peft_adapters(model: Any) -> list[str]:
@@ -145,18 +150,26 @@ class AdapterVersion:
     path: Path
 
 
-SampledRow = tuple[list[int], list[float] | None, bool]  # token ids, their log-probs (when asked), hit the length
+SampledRow = tuple[list[int], list[float] | None]  # token ids, their log-probs (when asked)
+
+
+def run_tag() -> str:
+    """A tag unique to this engine's run and rank (random, then the torchrun rank): in adapter version names, so
+    replicas of one agent on several ranks, or two runs sharing a server, never load or unload each other's."""
+    return f"{uuid.uuid4().hex[:8]}-r{os.environ.get('RANK', '0')}"
 
 
 class SyncedEngine:
     """What every vLLM engine of comlrl shares: it knows which of the trainer's weights it holds and pushes what an
     optimizer step changed before the next rollout (:meth:`sync`): a full model's weights (:meth:`push_weights`),
     or each LoRA adapter as a new version written to a temporary folder outside the run directory
-    (:meth:`load_adapter`; the previous version is dropped with :meth:`drop_adapter`)."""
+    (:meth:`load_adapter`; the previous version is dropped with :meth:`drop_adapter`). ``root``: where that folder
+    is made (None: ``tempfile.gettempdir()``, i.e. ``TMPDIR``); version names carry :func:`run_tag`."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, root: str | None = None) -> None:
         self.adapters = peft_adapters(model)
-        self.folder = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=_temp_root()))
+        self.tag = run_tag()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"comlrl-vllm-{self.tag}-", dir=root))
         self.lora_ids = itertools.count(1)
         self.versions: dict[str, AdapterVersion] = {}  # adapter name -> its latest pushed version
         self.synced: dict[str, tuple[int, ...]] = {}  # what was last pushed: adapter name (or "") -> versions
@@ -176,7 +189,8 @@ class SyncedEngine:
             if weight_versions(params) == self.synced.get(name):
                 continue
             lora_id = next(self.lora_ids)
-            version = AdapterVersion(f"{name}-v{lora_id}", lora_id, self.folder / f"{name}-v{lora_id}")
+            label = f"{name}-{self.tag}-v{lora_id}"
+            version = AdapterVersion(label, lora_id, self.folder / label)
             write_adapter(model, name, version.path)
             self.load_adapter(version)
             old, self.versions[name] = self.versions.get(name), version
@@ -225,11 +239,13 @@ class ColocatedEngine(SyncedEngine):
     def __init__(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> None:
         from vllm import LLM
 
-        super().__init__(model)
+        gpu = on_gpu(model)
+        if options.enable_sleep_mode and gpu:
+            SLEEP_MODE.claim(self, model)
+        super().__init__(model, _temp_root())
         config = model.config
         config.save_pretrained(self.folder)  # vLLM reads the architecture from it; the weights come from memory
         self.max_len = options.max_model_length or getattr(config, "max_position_embeddings", None) or 2048
-        on_gpu = next(model.parameters()).device.type == "cuda"
         kwargs: dict[str, Any] = dict(
             model=str(self.folder),
             load_format="dummy",
@@ -240,17 +256,21 @@ class ColocatedEngine(SyncedEngine):
             tensor_parallel_size=options.tensor_parallel_size,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
-            enable_sleep_mode=options.enable_sleep_mode and on_gpu,
+            enable_sleep_mode=options.enable_sleep_mode and gpu,
         )
-        if on_gpu:
+        if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         else:
             kwargs.update(enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes(config, self.max_len, dtype))
         if self.adapters:
             n = len(self.adapters)
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(model), max_loras=n, max_cpu_loras=n)
-        with vllm_process_guard():
-            self.llm = LLM(**kwargs)
+        try:
+            with vllm_process_guard():
+                self.llm = LLM(**kwargs)
+        except BaseException:
+            self.close()
+            raise
         self.sleeping = False
         self.sleep_between_rollouts = bool(kwargs["enable_sleep_mode"])
         if self.adapters:  # a LoRA team's base once; its adapters (and a full model's weights) through sync()
@@ -305,7 +325,7 @@ class ColocatedEngine(SyncedEngine):
             out = output.outputs[0]
             tokens = list(out.token_ids)
             logp = [step[t].logprob for step, t in zip(out.logprobs, tokens)] if settings.logprobs else None
-            rows.append((tokens, logp, out.finish_reason == "length"))
+            rows.append((tokens, logp))
         return rows
 
     def close(self) -> None:
@@ -313,7 +333,48 @@ class ColocatedEngine(SyncedEngine):
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             stop_in_process(llm)
+        SLEEP_MODE.release(self)
         super().close()
+
+
+def on_gpu(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s colocated engine runs on a GPU: its parameters are on one."""
+    return next(model.parameters()).device.type == "cuda"
+
+
+class SleepModeClaim:
+    """The one colocated engine of this process that runs with vLLM's sleep mode. Why one: sleep mode allocates an
+    engine's weights and KV cache through vLLM's ``CuMemAllocator``, a singleton per process, whose sleep unmaps every
+    allocation it holds; a second engine in it would lose its weights and KV cache whenever the first slept, and vLLM
+    refuses to load one ("CuMem allocator can only be used for one instance per process"). So engines cannot sleep
+    and wake together; a second one is refused before it starts, with what to do instead."""
+
+    def __init__(self) -> None:
+        self.holder: weakref.ref | None = None
+
+    def claim(self, engine: object, model: torch.nn.Module) -> None:
+        """Make ``engine`` this process's sleep-mode engine; a :class:`ConfigError` while another one is open."""
+        held = self.holder() if self.holder is not None else None
+        if held is not None and held is not engine:
+            name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+            raise ConfigError(
+                "vllm_enable_sleep_mode=True runs one vLLM engine per process, and this process would start a second "
+                f"one (for the model {name!r}): vLLM's sleep mode allocates through one allocator per process, so "
+                "one engine's sleep would unmap the other's weights and KV cache, and vLLM refuses to start a second "
+                "engine in it. A process runs one engine per distinct base model it trains or samples: a full "
+                "fine-tune of several agents, a team of distinct models and MADPO's comparator='model' need several. "
+                "Set vllm_enable_sleep_mode=False, or train LoRA adapters on one base model (peft_config=...: one "
+                "engine for the team), or under torchrun give each rank one agent (placement)."
+            )
+        self.holder = weakref.ref(engine)
+
+    def release(self, engine: object) -> None:
+        """Free the claim of ``engine`` (a closed engine); another one may then use sleep mode."""
+        if self.holder is not None and self.holder() is engine:
+            self.holder = None
+
+
+SLEEP_MODE = SleepModeClaim()
 
 
 def refresh_vocabulary_layers(model: torch.nn.Module) -> None:
@@ -343,7 +404,8 @@ def stop_in_process(llm: Any) -> None:
 
 
 def _temp_root() -> str | None:
-    """Where adapter versions are written: memory-backed /dev/shm where it exists."""
+    """Where a colocated engine writes its config and adapter versions (only this process reads them):
+    memory-backed /dev/shm where it exists, else ``TMPDIR``."""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
@@ -403,6 +465,8 @@ class VLLMEngine:
                 f"({longest} tokens); raise vllm_max_model_length or lower max_prompt_length / max_new_tokens."
             )
         rows = engine.generate(prompts, settings, batch)
+        # truncated=None: the rollout's stop-id scan flags the rows, as on every engine (vLLM's finish_reason is
+        # 'length' for a row whose last allowed token is a stop id in versions that check the length first)
         return Completions(*completions_from(rows, batch.pad_id, settings.logprobs))
 
     def close(self) -> None:
@@ -431,17 +495,13 @@ def sampling_params(settings: Any, batch: Any) -> list[Any]:
     return [SamplingParams(seed=None if s is None else int(s) % 2**63, **common) for s in seeds]
 
 
-def completions_from(
-    rows: list[SampledRow], pad_id: int, logprobs: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(ids, log-probs, truncated) of sampled rows: ids right-padded, each sampled token's log-prob (when asked),
-    and which rows hit the length."""
-    width = max((len(tokens) for tokens, _, _ in rows), default=0)
+def completions_from(rows: list[SampledRow], pad_id: int, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ids, log-probs) of sampled rows: ids right-padded, each sampled token's log-prob (when asked)."""
+    width = max((len(tokens) for tokens, _ in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     logp = torch.zeros((len(rows), width)) if logprobs else None
-    for i, (tokens, picked, _) in enumerate(rows):
+    for i, (tokens, picked) in enumerate(rows):
         ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         if logp is not None and picked:
             logp[i, : len(picked)] = torch.tensor(picked, dtype=torch.float32)
-    truncated = torch.tensor([hit for _, _, hit in rows], dtype=torch.bool)
-    return ids, logp, truncated
+    return ids, logp

@@ -3,10 +3,12 @@
 The server serves the team's base model (OpenAI-compatible API); the trainer sends each row as a completion request
 with its prompt as token ids and gets the sampled token ids back (``return_token_ids``), so nothing is
 re-tokenized. A LoRA team stays in step through vLLM's runtime LoRA loading: after an optimizer step, the agent's
-adapter is written as a new version to a temporary folder the server reads (``TMPDIR`` on a shared filesystem when
-the server runs on another host), loaded under a new name, and the previous version unloaded. The server must be
-started with ``--enable-lora`` (``--max-loras`` at least the team size, ``--max-lora-rank`` at least the adapters'
-rank), ``--logprobs-mode processed_logprobs`` (for the importance correction) and
+adapter is written as a new version to a temporary folder the server reads (under ``vllm_server_adapter_dir``, else
+``TMPDIR``: a filesystem both hosts see when the server runs on another one), loaded under a name unique to the run
+and rank (so replicas of an agent on several ranks, or runs sharing the server, keep their own versions), and the
+previous version unloaded. The server must be started with ``--enable-lora`` (``--max-loras`` at least the
+adapters in use at once: the team size times the ranks sampling from it), ``--max-lora-rank`` at least the
+adapters' rank, ``--logprobs-mode processed_logprobs`` (for the importance correction) and
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in its environment; docs/vllm.md shows the command.
 
 Fully fine-tuned agents in server mode would need their weights sent to the server after every step (NCCL, on
@@ -16,10 +18,12 @@ GPUs); that is not built: such a team fails at its first rollout with what to do
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel
@@ -36,7 +40,7 @@ class ServerEngine(SyncedEngine):
     """A LoRA team's rollouts on a running vLLM server, its adapters kept in step with the trainer's."""
 
     def __init__(self, model: PreTrainedModel, options: VLLMOptions) -> None:
-        super().__init__(model)
+        super().__init__(model, adapter_root(options))
         if not self.adapters:
             super().close()
             raise ConfigError(
@@ -105,7 +109,7 @@ class ServerEngine(SyncedEngine):
             choice = answer["choices"][0]
             tokens = [int(t) for t in choice["token_ids"]]
             logp = [float(x) for x in choice["logprobs"]["token_logprobs"]] if settings.logprobs else None
-            rows.append((tokens, logp, choice.get("finish_reason") == "length"))
+            rows.append((tokens, logp))  # truncation: the rollout's stop-id scan, as on every engine
         return rows
 
     def close(self) -> None:
@@ -117,6 +121,19 @@ class ServerEngine(SyncedEngine):
                 pass  # the server may already be gone
         self.versions.clear()
         super().close()
+
+
+def adapter_root(options: VLLMOptions) -> str:
+    """Where adapter versions are written for the server to read: ``vllm_server_adapter_dir`` (made if missing), else
+    ``TMPDIR`` (``tempfile.gettempdir()``); never /dev/shm, which a server on another host cannot see."""
+    if not options.server_adapter_dir:
+        return tempfile.gettempdir()
+    root = Path(options.server_adapter_dir).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"vllm_server_adapter_dir={options.server_adapter_dir!r}: cannot create it ({exc}).") from exc
+    return str(root)
 
 
 def completion_body(prompt: list[int], settings: Any, stop_ids: list[int], seed: int | None, model: str) -> dict:

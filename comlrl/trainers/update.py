@@ -16,7 +16,7 @@ import torch
 
 from .. import sharding
 from ..algorithms.losses import loss_weights, policy_loss
-from ..engine.logprobs import completion_logprobs, team_completion_logprobs
+from ..engine.logprobs import SamplerSettings, completion_logprobs, team_completion_logprobs
 from ..engine.process import release_freed_memory
 from ..engine.team import active_adapter, can_route, reference_mode, trainable
 from .episode import Episode
@@ -27,10 +27,13 @@ from .setup import Agent
 @dataclass
 class FrozenLogprobs:
     """An update's log-probs that do not change during it, by chunk (batch index, first row): ``old``, the policy that
-    sampled (recorded on the first iteration, when the parameters are still those), and ``ref``, the KL reference."""
+    sampled (recorded on the first iteration, when the parameters are still those), ``ref``, the KL reference, and
+    ``sampler``, the old policy as the rollout's sampler processed it (top-k, top-p, repetition penalty), which the
+    importance weight compares with the rollout's log-probs."""
 
     old: dict = field(default_factory=dict)
     ref: dict = field(default_factory=dict)
+    sampler: dict = field(default_factory=dict)
 
 
 class PolicyUpdate:
@@ -147,10 +150,13 @@ class PolicyUpdate:
                 for _ in range(self.dist.lockstep_passes(agent, len(chunks)) - len(chunks)):
                     self._idle_pass(agent, iteration)
             device = self.device_of(agent)
+            sampler = self.rollout_sampler if iteration == 0 else None
             for b, lo, sl in chunks:
                 tensors = self._chunk_tensors(batches[b][0], sl, device)
                 with self.autocast(device):
-                    logp = self._logprobs(agent.model, tensors)
+                    logp = self._logprobs(agent.model, tensors, sampler)
+                if sampler is not None:
+                    logp, frozen.sampler[(b, lo)] = logp
                 self._chunk_loss(
                     agent,
                     logp,
@@ -186,11 +192,18 @@ class PolicyUpdate:
         for a in group:
             a.optimizer.zero_grad(set_to_none=True)
         metric_sums: dict[int, dict[str, float]] = {a.index: {} for a in group}
+        sampler = self.rollout_sampler if iteration == 0 else None
         with trainable([p for a in group for p in a.params]):  # PEFT freezes the adapters that are not active
             for b, lo, sl in self._chunks(data[group[0].index][0]):
                 parts = [self._chunk_tensors(data[a.index][0][b][0], sl, device) for a in group]
                 with self.autocast(device):
-                    logps = team_completion_logprobs(model, [a.adapter for a in group], parts, self.args.temperature)
+                    logps = team_completion_logprobs(
+                        model, [a.adapter for a in group], parts, self.args.temperature, sampler
+                    )
+                if sampler is not None:
+                    for a, (_, sampled) in zip(group, logps):
+                        data[a.index][2].sampler[(b, lo)] = sampled
+                    logps = [logp for logp, _ in logps]
                 total = sum(
                     self._chunk_loss(
                         a,
@@ -217,9 +230,27 @@ class PolicyUpdate:
             for lo in range(0, rows, chunk or rows):
                 yield b, lo, slice(lo, lo + (chunk or rows))
 
-    def _logprobs(self, model: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """Completion log-probs of one chunk under ``model`` (a sharded model's forward runs inside its FSDP hooks)."""
-        return sharding.forward(model, completion_logprobs, model, *tensors, temperature=self.args.temperature)
+    def _logprobs(
+        self, model: Any, tensors: list[torch.Tensor], sampler: SamplerSettings | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Completion log-probs of one chunk under ``model`` (a sharded model's forward runs inside its FSDP hooks);
+        with ``sampler``, (log-probs, the same under the sampler's processing)."""
+        return sharding.forward(
+            model, completion_logprobs, model, *tensors, temperature=self.args.temperature, sampler=sampler
+        )
+
+    @property
+    def rollout_sampler(self) -> SamplerSettings | None:
+        """The rollout's sampler processing, when the importance weight needs the trainer's log-probs under it too.
+
+        Why: the rollout records each token's log-prob under the distribution it drew from (vLLM's
+        ``processed_logprobs``, the decode loop alike): after the repetition penalty, renormalized over what top-k /
+        top-p keep. The loss's own log-probs stay the full softmax at the temperature (the policy trained, as TRL
+        scores it); only the weight compares like with like. None when nothing is corrected, or when the processing
+        is the temperature alone (the old log-probs are that already)."""
+        a = self.args
+        sampler = SamplerSettings(a.temperature, a.top_k, a.top_p, a.repetition_penalty)
+        return sampler if self.corrects_rollout and sampler.filters else None
 
     def _chunk_tensors(self, samples: Any, sl: slice, device: torch.device) -> list[torch.Tensor]:
         """The chunk's (prompt ids, prompt mask, completion ids, completion mask) on the model's ``device``."""
@@ -265,6 +296,7 @@ class PolicyUpdate:
             rollout_logp,
             self.rollout_is_cap,
             self.args.epsilon_high,
+            frozen.sampler.get(key),
         )
         for k, v in m.items():
             metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
