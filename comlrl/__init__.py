@@ -24,9 +24,11 @@ _EXPORTS = {
         "MAREMAXConfig",
         "MAREMAXTrainer",
     ),
-    "comlrl.trainers.actor_critic": ("IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"),
+    "comlrl.trainers.actor_critic": ("IACTrainer", "MAACTrainer"),
     "comlrl.trainers.centralized": ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"),
-    "comlrl.trainers.preference": ("MADPOConfig", "MADPOTrainer"),
+    "comlrl.trainers.preference": ("MADPOTrainer",),
+    # ours; the reference's paths (comlrl.trainers.actor_critic, .preference) hold its configs of these names
+    "comlrl.config": ("IACConfig", "MAACConfig", "MADPOConfig"),
     "comlrl.trainers.marlhf": ("MARLHFConfig", "MARLHFTrainer"),
     "comlrl.errors": ("ComlrlError", "ConfigError"),
 }

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .algorithms.advantages import JOINT_MODES
+from .algorithms.advantages import CROSS_CREDITS, JOINT_MODES
 from .algorithms.losses import LOSS_NORMALIZATIONS
 from .config_fields import config_class, help_field, suggest
 from .errors import ConfigError
@@ -103,15 +103,20 @@ class TrainConfig:
         "log-probs) is softmax(logits / temperature), as in TRL.",
     )
     top_p: float = help_field(
-        1.0, "Nucleus sampling threshold (rollouts only: truncation is not part of the scored policy)."
+        1.0,
+        "Nucleus sampling threshold (rollouts; not part of the scored policy, but applied to both sides of the "
+        "rollout correction's importance weight).",
     )
     top_k: int = help_field(
-        0, "Top-k sampling, 0 disables (rollouts only: truncation is not part of the scored policy)."
+        0,
+        "Top-k sampling, 0 disables (rollouts; not part of the scored policy, but applied to both sides of the "
+        "rollout correction's importance weight).",
     )
     repetition_penalty: float = help_field(
         1.0,
         "Penalty > 1 on tokens already in the prompt or the completion (transformers' semantics: positive "
-        "logits divided by it, negative ones multiplied), rollouts only, not part of the scored policy; 1 disables.",
+        "logits divided by it, negative ones multiplied), rollouts; not part of the scored policy, but applied to "
+        "both sides of the rollout correction's importance weight; 1 disables.",
     )
     apply_chat_template: bool | list = help_field(
         False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
@@ -210,7 +215,8 @@ class TrainConfig:
         "tis",
         "When the rollout decodes in another dtype than the training forward (rollout_dtype), the tokens come "
         "from a slightly different policy than the one the loss scores. 'tis': the rollout records each sampled "
-        "token's log-prob and the loss weighs the token by min(p_train / p_rollout, rollout_is_cap), truncated "
+        "token's log-prob and the loss weighs the token by min(p_train / p_rollout, rollout_is_cap) (both under the "
+        "repetition penalty, temperature, top-k and top-p the rollout sampled with), truncated "
         "importance sampling as in verl's rollout correction (Yao et al. 2025); metrics rollout_is_weight, "
         "rollout_is_capped, rollout_kl. None: no correction. No effect when the two dtypes agree.",
     )
@@ -267,7 +273,8 @@ class TrainConfig:
     vllm_importance_sampling_correction: bool = help_field(
         True,
         "vLLM samples from its own kernels, a slightly different policy than the training forward scores: weigh "
-        "each token by min(p_train / p_vllm, vllm_importance_sampling_cap) with the log-probs vLLM sampled with, "
+        "each token by min(p_train / p_vllm, vllm_importance_sampling_cap) with the log-probs vLLM sampled with "
+        "(both under the repetition penalty, temperature, top-k and top-p: docs/vllm.md), "
         "truncated importance sampling per token as rollout_correction='tis' does. TRL's 'token_truncate' mode "
         "(TRL's default mode is now 'sequence_mask'). False: no correction.",
     )
@@ -285,6 +292,11 @@ class TrainConfig:
     )
     vllm_server_timeout: float = help_field(
         240.0, "vllm_mode='server': seconds to wait for the server to come up before failing (TRL's default)."
+    )
+    vllm_server_adapter_dir: str | None = help_field(
+        None,
+        "vllm_mode='server': folder the LoRA adapter versions are written to for the server to load (made if "
+        "missing); a server on another host needs one both machines see. None: TMPDIR (tempfile.gettempdir()).",
     )
 
     def __post_init__(self) -> None:
@@ -475,14 +487,21 @@ class MAGRPOConfig(PolicyConfig):
 
     joint_mode: str = help_field(
         "align",
-        "'align' (alias 'aligned'): G joint actions; 'cross': G^N, mean credit per sample "
+        "'align' (alias 'aligned'): G joint actions; 'cross': G^N, a sample's credit by cross_credit "
         "(multi-turn: a child node per joint action).",
+    )
+    cross_credit: str = help_field(
+        "mean",
+        f"Cross mode: a sample's credit from the G^(N-1) joint actions holding it, one of {CROSS_CREDITS}: 'mean' "
+        "their mean return; 'sum' their summed return (the reference library's), G^(N-1) times larger, the same "
+        "advantages under scale_rewards='standardize'.",
     )
     advantage_mode: str = help_field("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
     scale_rewards: str | bool = help_field(
         "none",
-        f"Divide advantages by the std of the group or batch: {SCALE_MODES}; TRL's True means 'group', "
-        "False 'none'. 'standardize': (A - group mean of A) / group std, the reference library's "
+        f"Divide advantages by the std of the group or batch: {SCALE_MODES}. 'group' and 'batch' are TRL's: the "
+        "Bessel-corrected std of the group's (the batch's) returns plus 1e-4; TRL's True means 'group', False "
+        "'none'. 'standardize': (A - group mean of A) / population std of A, the reference library's "
         "advantage_normalization (every baseline then gives the same update). The default differs from TRL's "
         "(group): without it the four baselines give different updates.",
     )
@@ -496,6 +515,7 @@ class MAGRPOConfig(PolicyConfig):
                 + suggest(str(self.joint_mode), sorted(JOINT_MODES))
             )
         self.joint_mode = JOINT_MODES[self.joint_mode]
+        self._check_choice("cross_credit", CROSS_CREDITS)
         self._check_choice("advantage_mode", ADVANTAGE_MODES)
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = SCALE_BOOLS[self.scale_rewards]
@@ -536,7 +556,15 @@ class ActorCriticConfig(PolicyConfig):
     use_separate_critic: bool = help_field(
         True,
         "True: a separate value model (critic_model); False: a value head on the actor's own backbone "
-        "(features detached: the value loss trains the head only).",
+        "(features detached: the value loss trains the head only, unless shared_value_loss_coef is set).",
+    )
+    shared_value_loss_coef: float | None = help_field(
+        None,
+        "With use_separate_critic=False: None trains the value head alone, on detached features, with its own "
+        "optimizer; a number c back-propagates c x mean (V - target)^2 through the actor's backbone as well, in the "
+        "actor's optimizer step, the head at the actor's learning rate (the reference library's shared critic: one "
+        "step on actor loss + c x value loss). Not used by a separate critic (its own AdamW, on which a constant "
+        "loss scale has no effect).",
     )
     critic_model: str | None = help_field(
         None, "Model source of the separate critic (None = the actor's source); may be smaller."
@@ -558,6 +586,13 @@ class ActorCriticConfig(PolicyConfig):
             raise ConfigError(f"{type(self).__name__}.gae_lambda={self.gae_lambda}: must be in [0, 1].")
         if self.critic_learning_rate < 0:
             raise ConfigError(f"{type(self).__name__}.critic_learning_rate={self.critic_learning_rate}: must be >= 0.")
+        coef = self.shared_value_loss_coef
+        if coef is not None and (self.use_separate_critic or coef < 0):
+            raise ConfigError(
+                f"{type(self).__name__}.shared_value_loss_coef={coef}: a weight >= 0 of the value loss on "
+                "the actor's backbone, so it needs use_separate_critic=False; a separate critic has its own AdamW, "
+                "on which a constant loss scale has no effect (leave it None)."
+            )
 
 
 @config_class

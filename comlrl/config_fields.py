@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compat.fields import reference_fields, translate
+from .compat.fields import reference_fields, reference_values, refuse_reference_fields, translate
 from .errors import ConfigError
 
 
@@ -90,10 +90,19 @@ def type_problem(name: str, value: Any, types: frozenset) -> str | None:
     return f"{name}={value!r:.60} is a {type(value).__name__}; pass {expected}."
 
 
+def own_field(config: Any, name: str, default: Any) -> Any:
+    """``config``'s own dataclass field ``name``, or ``default`` when its class has none (a reference-style config's
+    reference-only fields read back as attributes too, with the reference's meaning: never read them as ours)."""
+    return getattr(config, name) if any(f.name == name for f in dataclasses.fields(config)) else default
+
+
 def config_class(cls: type) -> type:
     """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion, and values of the wrong
-    type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead. The reference
-    library's field names are translated first (:func:`comlrl.compat.fields.translate`)."""
+    type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead.
+
+    A reference-style class (``reference_style = True``, :func:`comlrl.compat.configs.reference_style`) translates
+    the reference library's field names first (:func:`comlrl.compat.fields.translate`) and keeps its reference-only
+    fields to read back; any other class refuses them with the import path that takes them."""
     cls = dataclass(cls)
     init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]
@@ -102,13 +111,17 @@ def config_class(cls: type) -> type:
 
     @functools.wraps(init)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        translated = translate(type(self), kwargs, set(names))  # the reference library's field names, if any
+        reference = bool(getattr(type(self), "reference_style", False))
         # a reference-style config: the trainer also calls reward_func as the reference does (compat.keywords)
-        object.__setattr__(self, "_reference_style", translated is not kwargs)
-        kwargs = translated
+        object.__setattr__(self, "_reference_style", reference)
+        if reference:
+            object.__setattr__(self, "_reference_values", reference_values(type(self), kwargs, set(names)))
+            kwargs = translate(type(self), kwargs, set(names))
+        else:
+            refuse_reference_fields(type(self), kwargs, set(names))
         for key in kwargs:
             if key not in names:
-                known = [*names, *reference_fields(type(self))]
+                known = [*names, *reference_fields(type(self))] if reference else names
                 raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, known)}")
         for key, value in {**dict(zip(init_names, args)), **kwargs}.items():
             problem = type_problem(key, value, checked[key]) if key in checked else None

@@ -13,6 +13,7 @@ PREFERENCE_SOURCES = ("online", "dataset")
 PAIR_SELECTIONS = PAIR_MODES
 COMPARATORS = ("current", "initial", "history", "model", "api")
 COMPARATOR_GENERATIONS = ("decentralized", "centralized")  # how a text comparator ('model', 'api') answers
+COMPARATOR_PAIRINGS = ("all", "aligned")
 COMPARATOR_API_FORMATS = ("generic", "openai", "anthropic", "openai_responses")  # engine.api_client.API_FORMATS
 REPLAY_MODES = ("current", "last_k", "all", "decay")
 DPO_LOSS_TYPES = ("sigmoid", "ipo")
@@ -120,6 +121,16 @@ class MADPOConfig(PreferenceConfig):
         "are re-tokenized with each agent's tokenizer for the loss.",
     )
     comparator_lag: int = help_field(1, "comparator='history': how many rounds back the comparator team is.")
+    comparator_pairing: str = help_field(
+        "all",
+        f"How team and comparator candidates pair, one of {COMPARATOR_PAIRINGS}: 'all': any team candidate with any "
+        "comparator one; 'aligned': the team's i-th candidate with the comparator's i-th only (the reference "
+        "library's iterative MADPO). With 'aligned', comparator='current' samples the comparator's candidates from "
+        "the current team, apart from the team's own.",
+    )
+    comparator_num_generations: int | None = help_field(
+        None, "Candidates per prompt of the comparator side (None: num_generations)."
+    )
     comparator_generation: str = help_field(
         "decentralized",
         f"comparator='model' or 'api': one of {COMPARATOR_GENERATIONS}. 'decentralized': the comparator answers each "
@@ -175,6 +186,13 @@ class MADPOConfig(PreferenceConfig):
     )
     replay_k: int = help_field(2, "replay='last_k': rounds of pairs kept (1 = 'current').")
     replay_decay: float = help_field(0.5, "replay='decay': weight per round of age, in (0, 1].")
+    replay_dir: str | None = help_field(
+        None,
+        "A folder that also holds each round's pairs as iteration_<round + 1, 4 digits>.json (the reference "
+        "library's preference_replay_dir files: {iteration, num_pairs, pairs}), written atomically; replay reads "
+        "earlier rounds back from it, so a run resumed with another output_dir replays them. None: the pairs are "
+        "in <output_dir>/pairs/ only.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,6 +202,7 @@ class MADPOConfig(PreferenceConfig):
             ("replay", REPLAY_MODES),
             ("comparator_generation", COMPARATOR_GENERATIONS),
             ("comparator_api_format", COMPARATOR_API_FORMATS),
+            ("comparator_pairing", COMPARATOR_PAIRINGS),
         ):
             self._check_choice(field_name, valid)
         checks = [
@@ -200,6 +219,17 @@ class MADPOConfig(PreferenceConfig):
                 "is set with comparator='model' only",
             ),
             (self.replay_k >= 1, "replay_k", "must be >= 1"),
+            (
+                self.comparator_num_generations is None or self.comparator_num_generations >= 1,
+                "comparator_num_generations",
+                "must be >= 1 or None",
+            ),
+            (
+                self.comparator_num_generations is None or self.has_comparator_side,
+                "comparator_num_generations",
+                "applies to a comparator side (comparator='current' pairs within the team's candidates unless "
+                "comparator_pairing='aligned')",
+            ),
             (0.0 < self.replay_decay <= 1.0, "replay_decay", "must be in (0, 1]"),
             (
                 self.comparator_generation == "decentralized" or self.comparator in ("model", "api"),
@@ -209,6 +239,11 @@ class MADPOConfig(PreferenceConfig):
         ]
         self._check_all(checks)
         self._check_api()
+
+    @property
+    def has_comparator_side(self) -> bool:
+        """Whether rounds sample comparator candidates to pair the team's with (else pairs are within the team's)."""
+        return self.comparator != "current" or self.comparator_pairing == "aligned"
 
     def _check_api(self) -> None:
         """The comparator_api_* fields: the url with comparator='api' only, and well-formed values."""

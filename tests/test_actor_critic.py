@@ -185,3 +185,30 @@ def test_bad_actor_critic_configs():
             reward_func=fixed_reward,
             args=IACConfig(),
         )
+
+
+@pytest.mark.parametrize(
+    "cls,cfg_cls,kw,folders",
+    [
+        (IACTrainer, IACConfig, {}, ["agent_0/critic", "agent_1/critic"]),
+        (MAACTrainer, MAACConfig, {}, ["critic"]),
+        (IACTrainer, IACConfig, {"use_separate_critic": False}, ["agent_0", "agent_1"]),  # the head on the actor
+    ],
+)
+def test_save_model_writes_critics_that_reload(cls, cfg_cls, kw, folders, tmp_path):
+    from comlrl.engine.critic import encode_texts, load_critic
+
+    t = ac_trainer(cls, cfg_cls, max_steps=1, **kw)
+    t.train()  # one critic update: the saved critic is the trained one, not the initial copy
+    t.save_model(str(tmp_path / "final"))
+    texts = [r["prompt"] for r in ROWS]
+    for critic, folder in zip(t.critics, folders):
+        path = tmp_path / "final" / folder
+        head = torch.load(path / "value_head.pt", weights_only=True)  # the reference's ValueHead state dict
+        assert set(head) == {"value_projection.weight", "value_projection.bias"}
+        loaded, tok = load_critic(path)
+        ids, mask = encode_texts(tok, texts)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(ids, mask), t._forward_values(critic, ids, mask))
+    t.save_model(str(tmp_path / "ckpt"), gather_sharded=False)  # a checkpoint keeps its critics in critics.pt
+    assert not list((tmp_path / "ckpt").rglob("value_head.pt"))

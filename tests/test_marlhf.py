@@ -130,7 +130,7 @@ def test_reward_model_scores_are_normalized_with_the_logged_statistic(tmp_path):
     rm = out["reward_model"]
     mean, std = rm["reward_model/score_mean"], rm["reward_model/score_std"]
     pairs = read_jsonl(shard_path(tmp_path / "run", 0))
-    model, tok = t.reward_model
+    model, tok = t.reward_model, t.reward_tokenizer
     scores = torch.cat(
         [
             score_joint(
@@ -195,6 +195,6 @@ def test_reward_model_from_an_in_memory_lora_team_has_no_adapter_layers(tmp_path
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     t = trainer(tmp_path, args=cfg(tmp_path, reward_model_training="lora", reward_model_epochs=1), peft_config=lora)
     t.fit_reward_model(t.preference_pairs())
-    names = [n for n, _ in t.reward_model[0].backbone.named_parameters()]
+    names = [n for n, _ in t.reward_model.backbone.named_parameters()]
     assert not any("agent_" in n for n in names), [n for n in names if "agent_" in n][:3]
     assert any("lora_A.default" in n for n in names)  # the reward model's own adapter

@@ -385,3 +385,12 @@ def test_comparator_reward_selection_by_hand():
     assert sel.pairs == [(2, 1), (0, 2), (0, 3), (3, 1)]
     assert select_pairs(r, "comparator_reward", 2, sides=[0, 0, 1, 1]).pairs == [(2, 1), (0, 2)]
     assert select_pairs(r, "comparator_reward", 2).pairs == select_pairs(r, "reward_gap", 2).pairs  # no sides
+
+
+def test_select_pairs_with_positions_pairs_only_the_same_candidate_index():
+    from comlrl.algorithms.preference import select_pairs
+
+    rewards = torch.tensor([3.0, 0.0, 1.0, 2.0, 2.0, 5.0])  # team 0..2, comparator 0..2
+    sel = select_pairs(rewards, "all", None, sides=[0, 0, 0, 1, 1, 1], positions=[0, 1, 2, 0, 1, 2])
+    assert sel.pairs == [(0, 3), (4, 1), (5, 2)] and sel.ties == 0
+    assert len(select_pairs(rewards, "all", None, sides=[0, 0, 0, 1, 1, 1]).pairs) == 9  # any team x comparator

@@ -428,6 +428,12 @@ def test_bf16_rollout_of_fp32_training_is_importance_corrected():
         assert 0.8 < m[f"agent/{i}/policy/rollout_is_weight"] < 1.25
         assert 0 <= m[f"agent/{i}/policy/rollout_is_capped"] < 0.2
         assert abs(m[f"agent/{i}/policy/rollout_kl"]) < 0.05
+    # top-k, top-p and a repetition penalty: the rollout and the trainer score the filtered, renormalized policy alike
+    filtered = history(rollout_dtype="bfloat16", top_p=0.6, top_k=50, repetition_penalty=1.2)
+    for i in range(2):
+        assert 0.9 < filtered[f"agent/{i}/policy/rollout_is_weight"] < 1.1
+        assert abs(filtered[f"agent/{i}/policy/rollout_kl"]) < 0.05
+        assert 0 <= filtered[f"agent/{i}/policy/rollout_is_filtered"] < 0.05
     plain, same_dtype = history(rollout_dtype="bfloat16", rollout_correction=None), history(rollout_dtype="float32")
     for h in (plain, same_dtype):
         assert not any("rollout_is" in k for k in h)

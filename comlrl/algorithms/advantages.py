@@ -12,6 +12,8 @@ import torch
 
 # joint action composition: a name or alias -> the canonical name
 JOINT_MODES = {"align": "align", "aligned": "align", "cross": "cross"}
+# how cross mode turns the returns of the joint actions holding a sample into that sample's credit
+CROSS_CREDITS = ("mean", "sum")
 
 Baseline = Callable[[torch.Tensor], torch.Tensor]
 BASELINES: dict[str, Baseline] = {}
@@ -56,14 +58,19 @@ def baseline_max(returns: torch.Tensor) -> torch.Tensor:
     return returns.max(dim=-1, keepdim=True).values.expand_as(returns)
 
 
+# TRL's GRPOTrainer: advantages / (std + 1e-4), with torch's default (Bessel-corrected) std
+TRL_STD_EPS = 1e-4
+
+
 def compute_advantages(
     returns: torch.Tensor, mode: str = "mean", scale: str = "none", eps: float = 1e-6
 ) -> torch.Tensor:
     """A = (R - b(R)) [/ std], for ``returns`` of shape (num_groups, G).
 
-    ``scale``: 'none' (paper default), 'group' (divide by each group's std), 'batch' (by the std of all returns),
-    'standardize' ((A - group mean of A) / group std of A, the reference library's advantage_normalization; the
-    same for every baseline that is constant within the group).
+    ``scale``: 'none' (paper default); 'group' and 'batch' as TRL's scale_rewards: divide by the Bessel-corrected
+    std of each group's returns (of all returns) plus :data:`TRL_STD_EPS`, a single return left unscaled;
+    'standardize': (A - group mean of A) / max(population std of A, ``eps``), the reference library's
+    advantage_normalization, the same for every baseline that is constant within the group.
     """
     if mode not in BASELINES:
         raise ValueError(f"unknown advantage mode '{mode}'; valid: {sorted(BASELINES)}")
@@ -71,19 +78,15 @@ def compute_advantages(
         raise ValueError(f"returns must have shape (num_groups, G), got {tuple(returns.shape)}")
     adv = returns - BASELINES[mode](returns)
     if scale == "group":
-        std = (
-            returns.std(dim=-1, keepdim=True, unbiased=False)
-            if returns.shape[-1] > 1
-            else torch.ones_like(returns[:, :1])
-        )
-        adv = adv / (std + eps)
+        if returns.shape[-1] > 1:  # a group of one has no std
+            adv = adv / (returns.std(dim=-1, keepdim=True, unbiased=True) + TRL_STD_EPS)
     elif scale == "standardize":
         if adv.shape[-1] > 1:  # a group of one is left as it is
             std = adv.std(dim=-1, keepdim=True, unbiased=False)
             adv = (adv - adv.mean(dim=-1, keepdim=True)) / std.clamp(min=eps)
     elif scale == "batch":
-        std = returns.std(unbiased=False) if returns.numel() > 1 else torch.ones(())
-        adv = adv / (std + eps)
+        if returns.numel() > 1:
+            adv = adv / (returns.std(unbiased=True) + TRL_STD_EPS)
     elif scale != "none":
         raise ValueError(f"unknown scale '{scale}'; valid: none, group, batch, standardize")
     return adv
@@ -96,17 +99,23 @@ def joint_mode_name(mode: str) -> str:
     return JOINT_MODES[mode]
 
 
-def cross_credit(joint_returns: torch.Tensor, agent: int) -> torch.Tensor:
-    """Credit of each of agent ``agent``'s G samples in cross mode: mean return of the joint actions containing it.
+def cross_credit(joint_returns: torch.Tensor, agent: int, credit: str = "mean") -> torch.Tensor:
+    """Credit of each of agent ``agent``'s G samples in cross mode, from the G^(N-1) joint actions containing it:
+    their mean return (``credit='mean'``) or their summed return (``'sum'``, the reference library's: G^(N-1) times
+    the mean, so the two differ by a constant factor that advantage standardization removes).
 
     joint_returns: (num_groups, G, G, ..., G) with one G axis per agent (G^N joint actions per group).
     Returns (num_groups, G).
     """
+    if credit not in CROSS_CREDITS:
+        raise ValueError(f"unknown cross credit {credit!r}; valid: {', '.join(CROSS_CREDITS)}")
     n_agents = joint_returns.dim() - 1
     if not 0 <= agent < n_agents:
         raise ValueError(f"agent {agent} out of range for {n_agents} agents")
     other = [d + 1 for d in range(n_agents) if d != agent]
-    return joint_returns.mean(dim=other) if other else joint_returns
+    if not other:
+        return joint_returns
+    return joint_returns.sum(dim=other) if credit == "sum" else joint_returns.mean(dim=other)
 
 
 def clip_rewards(rewards: list[torch.Tensor], clip: float | None) -> list[torch.Tensor]:
@@ -130,6 +139,27 @@ def tree_returns(rewards: list[torch.Tensor], children: list[torch.Tensor], disc
             child_value = returns[t + 1].mean(dim=-1)  # (M_{t+1},)
             returns[t][has_child] += discount * child_value[child[has_child]]
     return returns
+
+
+def turn_sums(rewards: list[torch.Tensor], children: list[torch.Tensor]) -> torch.Tensor:
+    """(T, 3) per turn of a rollout tree: the weighted reward sum of its joint actions, their total weight, and their
+    weighted sum of undiscounted returns (:func:`tree_returns`, discount 1).
+
+    A root node weighs 1 (one dataset row), split evenly over its joint actions; a joint action passes its weight on
+    to its child node. So the weights of turn t add up to the rows' share that reaches turn t, reward sum / weight is
+    turn t's mean reward, and return sum / rows is the expected reward sum from turn t on per row (0 where an episode
+    ended before turn t). rewards[t], children[t]: (M_t, J) as in :func:`tree_returns`.
+    """
+    returns = tree_returns(rewards, children, 1.0)
+    out = torch.zeros(len(rewards), 3)
+    node_weight = torch.ones(rewards[0].shape[0]) if rewards else torch.zeros(0)
+    for t, (r, child) in enumerate(zip(rewards, children)):
+        w = (node_weight / max(r.shape[1], 1))[:, None].expand_as(r)
+        out[t] = torch.stack([(w * r.float()).sum(), w.sum(), (w * returns[t].float()).sum()])
+        if t + 1 < len(rewards):
+            has_child = child >= 0
+            node_weight = torch.zeros(rewards[t + 1].shape[0]).index_add_(0, child[has_child], w[has_child])
+    return out
 
 
 def tree_gae(

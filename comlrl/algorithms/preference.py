@@ -190,6 +190,7 @@ def select_pairs(
     generator: torch.Generator | None = None,
     tie_tolerance: float = 0.0,
     sides: list[int] | None = None,
+    positions: list[int] | None = None,
 ) -> PairSelection:
     """Preference pairs from one prompt's K team candidates, ``rewards`` (K,).
 
@@ -201,6 +202,8 @@ def select_pairs(
     > 0) has the highest reward first, then the largest gap (without sides: as 'reward_gap').
     At most ``pairs_per_prompt`` pairs are kept (None: all). ``sides`` (K,): which team made each candidate (the
     team being trained and a comparator): only candidates of different sides are paired or counted as ties.
+    ``positions`` (K,): each candidate's index within its side; only candidates of the same index are paired or
+    counted as ties (the reference library's iterative MADPO: the team's i-th answer against the comparator's i-th).
     """
     if mode not in PAIR_MODES:
         raise ValueError(f"unknown pair selection mode '{mode}'; valid: {', '.join(PAIR_MODES)}")
@@ -216,10 +219,17 @@ def select_pairs(
     k = len(r)
     if sides is not None and len(sides) != k:
         raise ValueError(f"sides must give one side per candidate ({k}), got {len(sides)}")
+    if positions is not None and len(positions) != k:
+        raise ValueError(f"positions must give one index per candidate ({k}), got {len(positions)}")
     side = sides or list(range(k))  # no sides: every candidate its own, so every pair is across
-    ties = sum(1 for i in range(k) for j in range(i + 1, k) if side[i] != side[j] and abs(r[i] - r[j]) <= tie_tolerance)
+    pos = positions or [0] * k
+
+    def across(i: int, j: int) -> bool:
+        return side[i] != side[j] and pos[i] == pos[j]
+
+    ties = sum(1 for i in range(k) for j in range(i + 1, k) if across(i, j) and abs(r[i] - r[j]) <= tie_tolerance)
     # ordered by (i, j)
-    pairs = [(i, j) for i in range(k) for j in range(k) if side[i] != side[j] and r[i] - r[j] > tie_tolerance]
+    pairs = [(i, j) for i in range(k) for j in range(k) if across(i, j) and r[i] - r[j] > tie_tolerance]
     cap = len(pairs) if pairs_per_prompt is None else min(pairs_per_prompt, len(pairs))
     if mode == "reward_gap" or mode == "comparator_reward" and sides is None:
         pairs = sorted(pairs, key=lambda p: (-(r[p[0]] - r[p[1]]), p))[:cap]

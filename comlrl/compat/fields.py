@@ -1,18 +1,24 @@
 """The reference library's config fields, translated onto ours with the reference's meaning.
 
-A config built with any field that only the reference has (``rollout_buffer_size``, ``advantage_normalization``,
-...), or through a reference-only import path (:mod:`comlrl.trainers.reinforce`), is a *reference-style* config:
-the fields it leaves unset take the reference's defaults (its temperature 0.6, its early termination, its
-undiscounted tree returns, its loss and optimizer), so that the script trains as its author expects. Our own fields
-can be mixed in and win over a reference default that would set the same thing.
+A config imported from one of the reference's paths (:data:`REFERENCE_PATHS`: :mod:`comlrl.trainers.reinforce`,
+:mod:`comlrl.trainers.actor_critic`, :mod:`comlrl.trainers.preference`) is a *reference-style* config: it takes the
+reference's field names, and the fields it leaves unset take the reference's defaults (its temperature 0.6, its
+early termination, its undiscounted tree returns, its loss and optimizer), so that the script trains as its author
+expects. Our own fields can be mixed in and win over a reference default that would set the same thing. Its
+reference-only fields read back as given, or as the reference's default (:func:`reference_values`).
 
-:func:`translate` is called by every config constructor (:func:`comlrl.config_fields.config_class`). The mapping is
-in :mod:`.rules` (a rule per reference field) and :mod:`.defaults` (the reference's defaults);
-``tests/test_compat.py`` fails when one of them drifts from our configs or from the reference's field lists.
+Our own configs (``from comlrl import MAGRPOConfig``) keep our meaning: a reference-only field given to one is
+refused with the import path that takes it (:func:`refuse_reference_fields`).
+
+:func:`translate` is called by the constructor of every reference-style config
+(:func:`comlrl.config_fields.config_class`). The mapping is in :mod:`.rules` (a rule per reference field) and
+:mod:`.defaults` (the reference's defaults); ``tests/test_compat.py`` fails when one of them drifts from our configs
+or from the reference's field lists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -32,14 +38,16 @@ from .rules import (
     PREFERENCE,
     REINFORCE,
     REINFORCE_MODE,
+    RUN_MODE,
     Rule,
+    SameAs,
 )
 
 log = logging.getLogger("comlrl.compat")
 
 # by our base class name: whose rules and reference-style settings a config takes (most derived last)
 FAMILIES: dict[str, tuple[dict[str, Rule], dict[str, Any]]] = {
-    "TrainConfig": (COMMON, {}),
+    "TrainConfig": (COMMON, RUN_MODE),
     "PolicyConfig": (POLICY, {}),
     "MAGRPOConfig": (REINFORCE, REINFORCE_MODE),
     "ActorCriticConfig": (ACTOR_CRITIC, ACTOR_CRITIC_MODE),
@@ -78,18 +86,67 @@ def reference_defaults(cls: type) -> dict[str, Any]:
     return {}
 
 
+# by our base class name: the reference's import path whose configs take the reference's field names
+REFERENCE_PATHS = {
+    **dict.fromkeys(
+        ("MAGRPOConfig", "MAREINFORCEConfig", "MAReMaxConfig", "MARLOOConfig", "CentralizedMAGRPOConfig"),
+        "comlrl.trainers.reinforce",
+    ),
+    **dict.fromkeys(("ActorCriticConfig", "IACConfig", "MAACConfig"), "comlrl.trainers.actor_critic"),
+    **dict.fromkeys(("PreferenceConfig", "MADPOConfig", "MARLHFConfig"), "comlrl.trainers.preference"),
+}
+
+
+def _reference_home(cls: type, key: str) -> tuple[str, str, Rule] | None:
+    """(the reference's class name, its import path, the rule) of reference field ``key`` for our config ``cls``;
+    None when no reference config of that family has the field."""
+    path = next((REFERENCE_PATHS[b.__name__] for b in cls.__mro__ if b.__name__ in REFERENCE_PATHS), None)
+    if path is None:
+        return None
+    rules, _ = rules_for(cls)
+    if key in rules:
+        return REFERENCE_NAMES.get(cls.__name__, cls.__name__), path, rules[key]
+    if key in ITERATIVE and any(b.__name__ == "MADPOConfig" for b in cls.__mro__):
+        return "MADPOIterConfig", path, ITERATIVE[key]
+    return None
+
+
+def refuse_reference_fields(cls: type, kwargs: dict[str, Any], fields: set[str]) -> None:
+    """Raise for the first of ``kwargs`` that is a reference-only field of our config ``cls`` (one without the
+    reference's meaning), naming the import path whose config takes it and our field that does the same."""
+    for key in kwargs:
+        home = _reference_home(cls, key) if key not in fields else None
+        if home is None:
+            continue
+        name, path, rule = home
+        ours = [k for k in rule.sets if k != "rl_args"] or list(rule.sets)
+        instead = f", or use our {' / '.join(ours)}" if ours else f" ({rule.note})"
+        raise ConfigError(
+            f"{cls.__name__}: {key} is a field of the reference library's {name}: import it from {path}{instead}. "
+            "docs/migration.md maps each reference field onto ours."
+        )
+
+
+def reference_values(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """The reference-only fields of reference-style config ``cls``: the value given in ``kwargs``, else the
+    reference's default (a reference name that is also a field of ours is left out: ours is read)."""
+    rules, _ = rules_for(cls)
+    values = {k: v for k, v in reference_defaults(cls).items() if k not in fields}
+    values.update((k, v) for k, v in kwargs.items() if k in rules and k not in fields)
+    return values
+
+
 def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     """Our constructor keywords for ``cls`` from ``kwargs``, which may use the reference's field names.
 
-    Unchanged when none of them is a reference-only field and ``cls`` is not a reference-path class. Else the
-    reference's defaults fill every field the caller left unset, each reference field is converted by its
-    :class:`Rule`, and the reference-style settings of our own fields apply unless the caller gave them.
+    Unchanged when ``cls`` is not a reference-path class. Else the reference's defaults fill every field the
+    caller left unset, each reference field is converted by its :class:`Rule`, and the reference-style settings of
+    our own fields apply unless the caller gave them.
     """
+    if not getattr(cls, "reference_style", False):
+        return kwargs
     rules, mode = rules_for(cls)
     reference_only = [k for k in kwargs if k in rules and k not in fields]
-    forced = bool(getattr(cls, "reference_style", False))
-    if not reference_only and not forced:
-        return kwargs
     defaults = reference_defaults(cls)
     given_ours = {k for k in kwargs if k in fields}
     merged = dict(kwargs)
@@ -124,7 +181,7 @@ def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, 
             from_rules.add(k)
     for key, value in mode.items():  # unless the caller or a reference field set it
         if key not in given_ours and key not in from_rules:
-            out[key] = value
+            out[key] = _field_value(cls, out, value.field) if isinstance(value, SameAs) else value
     if "rl_args" in kwargs and "rl_args" in out:  # the caller's own rl_args win, key by key
         out["rl_args"] = {**out["rl_args"], **kwargs["rl_args"]}
     if ("style", cls.__name__) not in _logged:
@@ -140,6 +197,13 @@ def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, 
             ", ".join(f"{k}={v!r}" for k, v in mode.items()) or "ours",
         )
     return out
+
+
+def _field_value(cls: type, out: dict[str, Any], name: str) -> Any:
+    """Field ``name`` of ``cls`` as translated into ``out``, else its default."""
+    if name in out:
+        return out[name]
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def _note(cls_name: str, key: str, value: Any, note: str, converted: dict) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..algorithms.advantages import turn_sums
 from ..config_fields import suggest
 from ..engine.rewards import accepted_kwargs
 from ..errors import ConfigError
@@ -104,6 +105,30 @@ def reference_reward(fn: Callable) -> Callable:
             extras["prompts"] = list(extras["prompts"][0]) if extras["prompts"] else []
         return fn(*completions, **accepted_kwargs(fn, extras))
 
+    reward.reference_fn = fn  # the user's function, for the trainers that group its calls (reference_group_reward)
+    return reward
+
+
+def reference_group_reward(fn: Callable, group: int) -> Callable:
+    """``fn`` called as the reference's IAC / MAAC call a reward: once per node with each agent's ``group`` answers
+    (the joint actions j*group ... j*group + group - 1 of a step), ``prompts`` = each agent's prompt and
+    ``batch_items`` = [the row]; it returns one reward per joint action or one for the whole group."""
+
+    def reward(*completions: list[str], **extras: Any) -> list:
+        out = []
+        for lo in range(0, len(completions[0]), group):
+            sl = slice(lo, lo + group)
+            given = {
+                "prompts": [p[lo] for p in extras.get("prompts", [])],
+                "batch_items": list(extras.get("batch_items", [])[sl][:1]),
+                "turn": extras.get("turn"),
+            }
+            values = fn(*[c[sl] for c in completions], **accepted_kwargs(fn, given))
+            values = list(values) if isinstance(values, (list, tuple)) or getattr(values, "ndim", 0) else [values]
+            out += values * group if len(values) == 1 else values
+        return out
+
+    reward.batched = True
     return reward
 
 
@@ -232,6 +257,25 @@ def callback_metrics(hooks: ReferenceHooks, episode: Any, num_agents: int, prefi
     if not isinstance(extra, dict):
         return {}
     return {f"{prefix}{k}": float(v) for k, v in extra.items() if _is_number(v)}
+
+
+def reference_turn_metrics(episodes: list[Any], num_turns: int) -> dict[str, float]:
+    """The reference's per-turn evaluation keys, for turns t = 1..num_turns: ``eval/turn_{t}/reward_mean`` (the mean
+    reward of the joint actions played at turn t) and ``eval/turn_{t}/expected_return`` (the undiscounted reward sum
+    from turn t on, averaged over the evaluated rows; 0 for a row whose episode ended before turn t). With one joint
+    action per node, as the reference evaluates, these are its numbers; more are weighed evenly
+    (:func:`comlrl.algorithms.advantages.turn_sums`). A turn no row reached reports 0."""
+    totals = torch.zeros(num_turns, 3)
+    rows = 0
+    for ep in episodes:
+        sums = turn_sums([t.rewards for t in ep.turns], [t.children for t in ep.turns])[:num_turns]
+        totals[: len(sums)] += sums
+        rows += ep.turns[0].rewards.shape[0] if ep.turns else 0
+    out: dict[str, float] = {}
+    for t, (reward_sum, weight, return_sum) in enumerate(totals.tolist(), start=1):
+        out[f"eval/turn_{t}/reward_mean"] = reward_sum / weight if weight else 0.0
+        out[f"eval/turn_{t}/expected_return"] = return_sum / rows if rows else 0.0
+    return out
 
 
 def eval_paths(episodes: list[Any], num_agents: int) -> tuple[list, list[dict], list[str]]:

@@ -23,6 +23,16 @@ class Rule:
     note: str
 
 
+@dataclass(frozen=True)
+class SameAs:
+    """A reference-style setting of ours that takes the value another field of ours ends up with."""
+
+    field: str
+
+    def __repr__(self) -> str:
+        return f"the {self.field}"
+
+
 def _rename(ours: str, note: str = "same meaning") -> Rule:
     return Rule(lambda v, ref: {ours: v}, (ours,), f"-> {ours} ({note})")
 
@@ -66,7 +76,7 @@ def _kl(v: Any, ref: dict) -> dict:
 def _tree_nodes(ref: dict) -> int:
     """Nodes of one row's rollout tree (the reference buffers and batches nodes, we batch rows)."""
     g, turns, n = int(ref.get("num_generations", 4)), int(ref.get("num_turns", 1)), int(ref.get("num_agents", 2))
-    joint = g ** max(n, 1) if str(ref.get("joint_mode", "aligned")) == "cross" else g
+    joint = g ** max(n, 1) if str(ref.get("joint_mode", "aligned")).lower() in ("cross", "crossed") else g
     return sum(joint**t for t in range(max(turns, 1)))
 
 
@@ -79,6 +89,11 @@ def _rows_per_step(samples_per_row: Callable[[dict], int]) -> Convert:
         return {"per_device_train_batch_size": max(1, batch // samples_per_row(ref))}
 
     return convert
+
+
+def _joint_mode(v: Any, ref: dict) -> dict:
+    mode = _choice("joint_mode", str(v).lower(), ("align", "aligned", "cross", "crossed"))
+    return {"joint_mode": "cross" if mode == "crossed" else mode}
 
 
 def _advantages(v: Any, ref: dict) -> dict:
@@ -102,6 +117,10 @@ def _positive_or_none(name: str) -> Rule:
 
 def _value_clip(v: Any, ref: dict) -> dict:
     return {"value_clip": None if ref.get("use_separate_critic", True) else v}
+
+
+def _value_loss_coef(v: Any, ref: dict) -> dict:
+    return {} if ref.get("use_separate_critic", True) else {"shared_value_loss_coef": float(v)}
 
 
 def _critic_lr(v: Any, ref: dict) -> dict:
@@ -159,6 +178,11 @@ REINFORCE: dict[str, Rule] = {
         "-> scale_rewards='standardize' ((A - mean) / std per group, after the baseline)",
     ),
     "advantage_mode": Rule(_advantage_mode, ("advantage_mode",), "raw -> none, rloo -> loo"),
+    "joint_mode": Rule(
+        _joint_mode,
+        ("joint_mode",),
+        "'crossed' -> 'cross' (its rollout there; its credit there is the sum for 'cross' only, see docs/migration.md)",
+    ),
     "discount": Rule(
         lambda v, ref: {"discount": 1.0},
         ("discount",),
@@ -179,7 +203,12 @@ ACTOR_CRITIC: dict[str, Rule] = {
     "value_clip_range": Rule(
         _value_clip, ("value_clip",), "-> value_clip (the reference clips only a value head on the actor)"
     ),
-    "value_loss_coef": _dropped("each critic has its own AdamW, on which a constant loss scale has no effect"),
+    "value_loss_coef": Rule(
+        _value_loss_coef,
+        ("shared_value_loss_coef",),
+        "-> shared_value_loss_coef with use_separate_critic=False (the value loss trains the actor's backbone too, in the "
+        "actor's step); no effect on a separate critic (its own AdamW: a constant loss scale changes nothing)",
+    ),
     "value_head_hidden_dim": _positive_or_none("value_head_hidden_dim"),
     "critic_value_head_hidden_dim": _positive_or_none("critic_value_head_hidden_dim"),
     "critic_devices": _dropped("a critic lives on its agent's device (MAAC's: agent 0's)"),
@@ -287,12 +316,12 @@ MARLHF: dict[str, Rule] = {
     "rl_algorithm": Rule(
         lambda v, ref: {
             "rl_algorithm": v,
-            "rl_args": {"gae_lambda": 0.0, "critic_max_grad_norm": 0.0}
+            "rl_args": {"loss_type": "seq_sum", "gae_lambda": 0.0, "critic_max_grad_norm": 0.0}
             if _ac_algorithm(ref)
             else {"loss_type": "seq_sum"},
         },
         ("rl_algorithm",),
-        "keeps its name; stage 3 takes the reference's loss (seq_sum) or TD(0) targets",
+        "keeps its name; stage 3 takes the reference's loss (seq_sum), and TD(0) targets for iac / maac",
     ),
     "use_separate_critic": Rule(_rl_arg("use_separate_critic"), ("rl_args",), "-> stage 3's rl_args"),
     "critic_type": Rule(_rl_arg("critic_type"), ("rl_args",), "-> stage 3's rl_args"),
@@ -301,7 +330,13 @@ MARLHF: dict[str, Rule] = {
         ("rl_args",),
         "-> stage 3's rl_args value_clip (only on a value head sharing the actor, as there)",
     ),
-    "value_loss_coef": ACTOR_CRITIC["value_loss_coef"],
+    "value_loss_coef": Rule(
+        lambda v, ref: _rl_arg("shared_value_loss_coef")(
+            None if ref.get("use_separate_critic", True) else float(v), ref
+        ),
+        ("rl_args",),
+        "-> stage 3's rl_args shared_value_loss_coef (only on a value head sharing the actor, as there)",
+    ),
     "value_head_hidden_dim": ACTOR_CRITIC["value_head_hidden_dim"],
     "critic_value_head_hidden_dim": ACTOR_CRITIC["critic_value_head_hidden_dim"],
     "critic_devices": ACTOR_CRITIC["critic_devices"],
@@ -330,9 +365,11 @@ def _replay(v: Any, ref: dict) -> dict:
 
 
 def _comparator_policy(v: Any, ref: dict) -> dict:
+    """Every comparator of the reference's iterative MADPO answers apart from the team (the current one too) and
+    pairs candidate i of the team with candidate i of the comparator."""
     policy = str(v).lower()
     _choice("comparator_policy", policy, tuple(COMPARATOR_POLICIES))
-    return {"comparator": COMPARATOR_POLICIES[policy]}
+    return {"comparator": COMPARATOR_POLICIES[policy], "comparator_pairing": "aligned"}
 
 
 def _comparator_agents(v: Any, ref: dict) -> dict:
@@ -357,12 +394,9 @@ def _only(name: str, allowed: tuple, why: str) -> Rule:
 
 
 def _comparator_candidates(v: Any, ref: dict) -> dict:
-    if v is not None and int(v) != int(ref.get("preference_num_candidates", v)):
-        raise ConfigError(
-            f"comparator_num_candidates={v}: comlrl's comparator answers as many candidates as the team "
-            "(num_generations); leave it None."
-        )
-    return {}
+    if v is not None and int(v) < 1:
+        raise ConfigError(f"comparator_num_candidates={v}: must be >= 1 or None (as many as the team).")
+    return {"comparator_num_generations": int(v) if v is not None else None}
 
 
 ITERATIVE: dict[str, Rule] = {  # MADPOIterConfig's own fields
@@ -381,13 +415,14 @@ ITERATIVE: dict[str, Rule] = {  # MADPOIterConfig's own fields
     "preference_replay_sample_size": _dropped(
         "a round trains steps_per_round x batch pair slots: its own pairs first, then replayed ones"
     ),
-    "preference_replay_dir": _dropped("pairs are stored in <output_dir>/pairs/"),
+    "preference_replay_dir": _rename("replay_dir", "its iteration_<N>.json files, written and replayed"),
     "policy_checkpoint_dir": _dropped("the comparator's snapshots are kept under output_dir"),
     "log_reward_distribution": _dropped("every round's team and comparator rewards go to pairs/rounds.jsonl"),
     "comparator_policy": Rule(
         _comparator_policy,
-        ("comparator",),
-        "-> comparator (current_copy -> current: the same team at the round's start)",
+        ("comparator", "comparator_pairing"),
+        "-> comparator (current_copy -> current: the same team at the round's start) with "
+        "comparator_pairing='aligned' (the team's i-th candidate against the comparator's i-th)",
     ),
     "comparator_generation_mode": Rule(
         lambda v, ref: {"comparator_generation": {"centralised": "centralized"}.get(str(v).lower(), str(v).lower())},
@@ -402,7 +437,9 @@ ITERATIVE: dict[str, Rule] = {  # MADPOIterConfig's own fields
     ),
     "comparator_agents": Rule(_comparator_agents, ("comparator_model",), "-> comparator_model (one source)"),
     "comparator_devices": _dropped("the comparator lives on the trainer's device"),
-    "comparator_num_candidates": Rule(_comparator_candidates, (), "None (as many as the team) only"),
+    "comparator_num_candidates": Rule(
+        _comparator_candidates, ("comparator_num_generations",), "-> comparator_num_generations"
+    ),
     "comparator_history_k": Rule(
         lambda v, ref: {"comparator_lag": int(v)} if v is not None else {}, ("comparator_lag",), "-> comparator_lag"
     ),
@@ -420,15 +457,25 @@ ITERATIVE: dict[str, Rule] = {  # MADPOIterConfig's own fields
     ),
 }
 
-# fields of ours a reference-style config sets unless the caller gives them: the reference's loss and optimizer
-REINFORCE_MODE = {"loss_type": "seq_sum", "max_grad_norm": 0.0, "weight_decay": 0.01}
+# fields of ours a reference-style config sets unless the caller gives them: the reference's data order (its loaders
+# never shuffle), evaluation (one sampled answer per agent at the run's temperature, top_p and top_k), loss and
+# optimizer
+RUN_MODE = {"shuffle": False, "eval_do_sample": True, "eval_temperature": SameAs("temperature")}
+REINFORCE_MODE = {"loss_type": "seq_sum", "max_grad_norm": 0.0, "weight_decay": 0.01, "cross_credit": "sum"}
 OPTIMIZER_MODE = {"max_grad_norm": 0.0, "weight_decay": 0.01}  # torch's AdamW(lr) without clipping
 MADPO_MODE = {
     **OPTIMIZER_MODE,
+    "shuffle": True,  # the reference reads the rows in order but shuffles its pairs every epoch: our pair pool
     "reference_free": True,
     "num_rounds": 1,
     "prompts_per_round": None,
     "steps_per_round": None,
 }
 MARLHF_MODE = {**OPTIMIZER_MODE, "preference_prompts": None, "reward_model_normalize": False}
-ACTOR_CRITIC_MODE = {"max_grad_norm": 0.0, "critic_max_grad_norm": 0.0, "weight_decay": 0.01, "gae_lambda": 0.0}
+ACTOR_CRITIC_MODE = {
+    "loss_type": "seq_sum",  # its policy loss: -(sum of the completion's token log-probs) x advantage, sample mean
+    "max_grad_norm": 0.0,
+    "critic_max_grad_norm": 0.0,
+    "weight_decay": 0.01,
+    "gae_lambda": 0.0,
+}

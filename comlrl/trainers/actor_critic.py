@@ -9,17 +9,24 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import sharding
+from .. import config as ours
+from .. import distributed, sharding
 from ..algorithms.advantages import clip_rewards, normalize, tree_gae
 from ..algorithms.losses import value_loss
-from ..compat.keywords import RolloutSample, reference_critic  # noqa: F401  (RolloutSample: the reference's name)
-from ..config import ActorCriticConfig, IACConfig, MAACConfig  # noqa: F401  (re-exported)
+from ..compat.configs import IACConfig, MAACConfig  # noqa: F401  (the reference's path: its names and defaults)
+from ..compat.keywords import (  # noqa: F401  (RolloutSample: the reference's name)
+    RolloutSample,
+    reference_critic,
+    reference_group_reward,
+)
+from ..config import ActorCriticConfig
 from ..distributed import shard_bounds
-from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_state_text
+from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_state_text, save_value_head
 from ..engine.models import copy_model, load_model, load_tokenizer
 from ..engine.sampling import derive_seed, seeded
 from ..engine.team import active_adapter, wrap_lora
@@ -40,6 +47,7 @@ class Critic:
     reads: int | None
     adapter: str | None = None  # the actor's adapter to activate when the head sits on a shared LoRA backbone
     device: torch.device | None = None  # where it computes (None: the trainer's device)
+    actor_step_coef: float | None = None  # a head on its actor's backbone trained in the actor's step: its loss weight
 
     @property
     def index(self) -> int:
@@ -121,21 +129,50 @@ class ActorCriticTrainer(MultiAgentTrainer):
         self.critics: list[Critic] = []
         updates = self.total_steps  # one critic update per optimizer step
         agents = {a.index: a for a in self.agents}
+        coef = self.args.shared_value_loss_coef  # set only with use_separate_critic=False (the config checks it)
+        if coef is not None and self.dist is not None:
+            raise ConfigError(
+                f"{type(self.args).__name__}.shared_value_loss_coef={coef}: the value loss on the actors' backbones is "
+                "built for one process; under torchrun leave it None (the head trains alone on detached features)."
+            )
         for backbone, tok, r in self.critics_spec:
             agent = agents.get(0 if r is None else r)  # None: the centralized critic on a rank without agent 0
+            joint = backbone is None and coef is not None
             with seeded(derive_seed(self.args.seed, "critic head", 0 if r is None else r)):  # as in one process
-                model = ValueModel(agent.model, detach_backbone=True) if backbone is None else ValueModel(backbone)
+                if backbone is None:
+                    model = ValueModel(agent.model, detach_backbone=not joint, shared_backbone=joint)
+                else:
+                    model = ValueModel(backbone)
             # a head on an actor's backbone sits with that actor; IAC's own backbone with its agent; MAAC's on device
             device = self.device if backbone is not None and r is None else self.agent_devices[0 if r is None else r]
             model.to(device)
             if self.dist is not None and backbone is not None:  # with fsdp: sharded like the agent it serves
                 self.dist.shard_critic(model.backbone, r, bool(self.args.bf16))
             tok = load_tokenizer(tok) if tok is not None else agent.tokenizer
-            opt, sched = build_optimizer(
-                model.trainable_parameters(), self.args, self.args.critic_learning_rate, updates
-            )
-            self.critics.append(Critic(model, tok, opt, sched, r, agent.adapter if backbone is None else None, device))
+            # trained in the actor's step, the head takes the actor's learning rate: AdamW's update is per parameter,
+            # so the two optimizers stepped together are one AdamW over actor and head (the reference's)
+            lr = self.args.learning_rate if joint else self.args.critic_learning_rate
+            opt, sched = build_optimizer(model.trainable_parameters(), self.args, lr, updates)
+            adapter = agent.adapter if backbone is None else None
+            self.critics.append(Critic(model, tok, opt, sched, r, adapter, device, coef if joint else None))
         del self.critics_spec
+
+    def rollout(
+        self,
+        rows: list[dict],
+        row_ids: list[int],
+        settings: Any,
+        num_generations: int,
+        reward_func: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Episode:
+        """:meth:`MultiAgentTrainer.rollout`; in a reference-style run the reward is called as the reference's IAC /
+        MAAC call it: once per row with each agent's whole group (:func:`reference_group_reward`)."""
+        fn = getattr(reward_func, "reference_fn", None)
+        if fn is not None:
+            reward_func = reference_group_reward(fn, num_generations)
+        return super().rollout(rows, row_ids, settings, num_generations, reward_func, *args, **kwargs)
 
     # ------------------------------------------------------------------ advantages
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
@@ -247,26 +284,84 @@ class ActorCriticTrainer(MultiAgentTrainer):
                     outs.append(critic.model(ids[lo : lo + chunk].to(device), mask[lo : lo + chunk].to(device)))
         return torch.cat(outs)
 
+    # ------------------------------------------------------------------ saving
+    def save_model(self, output_dir: str | None = None, gather_sharded: bool = True) -> list[str]:
+        """The agents' folders (:meth:`MultiAgentTrainer.save_model`) and the critics', in the reference library's
+        layout: IAC's critic i in ``agent_<i>/critic/``, MAAC's in ``critic/`` (a backbone folder, its tokenizer and
+        ``value_head.pt``); a value head on an actor's backbone as ``agent_<i>/value_head.pt`` (MAAC's: ``critic/``
+        naming ``agent_0``). :func:`comlrl.engine.critic.load_critic` reloads each. ``gather_sharded`` False (a
+        checkpoint, which keeps the critics in critics.pt) writes no critic folders."""
+        paths = super().save_model(output_dir, gather_sharded)
+        if not gather_sharded:
+            return paths
+        root = Path(output_dir or self.args.output_dir)
+        names = {a.index: a.name for a in self.agents}
+        for critic in self.critics:
+            owner = names.get(0 if critic.reads is None else critic.reads, f"agent_{critic.index}")
+            own = not (critic.model.detach_backbone or critic.model.shared_backbone)  # else on the actor's backbone
+            folder = root / ("critic" if self.centralized else owner + ("/critic" if own else ""))
+            backbone = critic.model.backbone
+            sharded = (
+                own and self.dist is not None and sharding.is_sharded(backbone) and not hasattr(backbone, "peft_config")
+            )
+            full = sharding.full_state_dict(backbone, self.dist.owns_critic(critic.reads)) if sharded else None
+            if self.dist is not None and not self.dist.owns_critic(critic.reads):
+                continue  # another copy of this critic writes it
+            if not own:
+                save_value_head(critic.model, folder, None if folder.name == owner else f"../{owner}")
+            elif sharded:
+                sharding.save_consolidated(backbone, folder, full)
+            else:
+                with distributed.saving_on_this_rank(backbone):
+                    backbone.save_pretrained(folder)
+            if own:
+                critic.tokenizer.save_pretrained(folder)
+                save_value_head(critic.model, folder)
+            paths.append(str(folder))
+        return paths
+
     # ------------------------------------------------------------------ update
     def optimize(self, buffer: list) -> dict[str, float]:
-        """Actor updates (the shared loop), then one update per critic over the buffered rollouts."""
+        """Actor updates (the shared loop, in which a head trained with its actor takes its step), then one update
+        per other critic over the buffered rollouts."""
+        self._joint_losses: dict[int, float] = {}
         metrics = super().optimize(buffer)
         start = time.perf_counter()
-        critic_metrics = {}
+        critic_metrics = {f"critic/{i}/value_loss": v for i, v in self._joint_losses.items()}
         for c, critic in enumerate(self.critics):
+            if critic.actor_step_coef is not None:
+                continue
             batches = [b[c] for b in self._critic_batches]
             critic_metrics[f"critic/{critic.index}/value_loss"] = self._update_critic(critic, batches)
         critic_metrics["time/critic_update"] = time.perf_counter() - start
         self._critic_batches = []
         return {**metrics, **(self.dist.merge_metrics(critic_metrics) if self.dist else critic_metrics)}
 
-    def _update_critic(self, critic: Critic, batches: list[CriticBatch]) -> float:
-        """One optimizer step on the MSE (optionally clipped) between V and the targets; returns the mean loss."""
+    def _optimizer_step(self, agent: Any) -> float:
+        """The actor's optimizer step. A value head on its backbone with ``shared_value_loss_coef`` c first adds the
+        gradients of c x mean (V - target)^2 to the actor's and the head's, then both step: one update on actor loss
+        + c x value loss, as the reference library's shared critic."""
+        c = next(
+            (k for k, x in enumerate(self.critics) if x.actor_step_coef is not None and x.reads == agent.index), None
+        )
+        if c is None:
+            return super()._optimizer_step(agent)
+        critic = self.critics[c]
+        critic.optimizer.zero_grad(set_to_none=True)
+        # value_loss is 0.5 x the squared error; the reference weighs the squared error itself by the coefficient
+        loss = self._value_backward(critic, [b[c] for b in self._critic_batches], 2.0 * critic.actor_step_coef)
+        self._joint_losses[critic.index] = loss
+        norm = super()._optimizer_step(agent)
+        self._step_critic(critic, critic.model.trainable_parameters())
+        return norm
+
+    def _value_backward(self, critic: Critic, batches: list[CriticBatch], scale: float = 1.0) -> float:
+        """Backward of ``scale`` x the MSE (optionally clipped) between V and the targets over this process's rows
+        (the idle passes of a sharded critic included); returns the loss before ``scale``."""
         if not critic.model.training:
             critic.model.train()
-        critic.optimizer.zero_grad(set_to_none=True)
         total = sum(b.ids.shape[0] for b in batches)  # the whole step's rows: each shard's loss keeps this normalizer
-        shard, shards, group, object_group = self._critic_shard(critic)
+        shard, shards = self._critic_shard(critic)[:2]
         chunk = self.args.forward_batch_size or max(total, 1)
         loss_sum = 0.0
         bounds = [shard_bounds(b.ids.shape[0], shards)[shard] for b in batches]
@@ -278,8 +373,15 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 v = self._forward_values(critic, b.ids[sl], b.mask[sl])
                 old, tgt = b.old_values[sl].to(v.device).unsqueeze(-1), b.targets[sl].to(v.device)
                 loss = value_loss(v.unsqueeze(-1), old, tgt, self.args.value_clip) * (v.shape[0] / total)
-                loss.backward()
+                (loss * scale).backward()
                 loss_sum += float(loss.detach())
+        return loss_sum
+
+    def _update_critic(self, critic: Critic, batches: list[CriticBatch]) -> float:
+        """One optimizer step on the MSE (optionally clipped) between V and the targets; returns the mean loss."""
+        critic.optimizer.zero_grad(set_to_none=True)
+        group, object_group = self._critic_shard(critic)[2:]
+        loss_sum = self._value_backward(critic, batches)
         params = critic.model.trainable_parameters()
         whole = [p for p in params if not sharding.is_shard(p)]  # sharded ones were reduced (averaged) by FSDP
         if len(whole) < len(params):
@@ -290,6 +392,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
             loss_sum = self.dist.sum_gradients(
                 whole, {"loss": loss_sum}, group, object_group, f"critic {critic.index}"
             )["loss"]
+        self._step_critic(critic, params)
+        return loss_sum
+
+    def _step_critic(self, critic: Critic, params: list) -> None:
+        """Clip (``critic_max_grad_norm``) and apply the critic's gradients."""
+        whole = [p for p in params if not sharding.is_shard(p)]
         if self.args.critic_max_grad_norm and len(whole) < len(params):
             sharding.clip_grad_norm_(params, self.args.critic_max_grad_norm)
         elif self.args.critic_max_grad_norm:
@@ -297,20 +405,19 @@ class ActorCriticTrainer(MultiAgentTrainer):
         critic.optimizer.step()
         critic.scheduler.step()
         critic.optimizer.zero_grad(set_to_none=True)
-        return loss_sum
 
 
 class IACTrainer(ActorCriticTrainer):
     """Independent actor-critic: agent i's critic reads agent i's prompt only."""
 
-    config_class = accepted_config = IACConfig
+    config_class = accepted_config = ours.IACConfig
     centralized = False
 
 
 class MAACTrainer(ActorCriticTrainer):
     """Multi-agent actor-critic: one centralized critic reads every agent's prompt (V) or prompts + joint action (Q)."""
 
-    config_class = accepted_config = MAACConfig
+    config_class = accepted_config = ours.MAACConfig
     centralized = True
 
 

@@ -21,8 +21,16 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint, distributed, sharding
-from ..compat.keywords import callback_metrics, eval_extras, eval_paths, reference_hooks, reference_reward
+from ..compat.keywords import (
+    callback_metrics,
+    eval_extras,
+    eval_paths,
+    reference_hooks,
+    reference_reward,
+    reference_turn_metrics,
+)
 from ..config import MAGRPOConfig
+from ..config_fields import own_field
 from ..engine.generation import AUTO, VLLM, GenerationSettings, check_engine_available
 from ..engine.models import check_vocab, copy_model, disable_dropout
 from ..engine.process import (
@@ -228,7 +236,7 @@ class MultiAgentTrainer(PolicyUpdate):
         if train_dataset is not None:
             check_batch_size(len(train_dataset), self.rows_per_rollout)
         self.total_steps = math.ceil(self._epoch_rollouts() / self.args.gradient_accumulation_steps)  # optimizer steps
-        updates = self.total_steps * getattr(self.args, "num_iterations", 1)  # optimizer updates of the run
+        updates = self.total_steps * own_field(self.args, "num_iterations", 1)  # optimizer updates of the run
         for a in self.agents:
             if self.needs_reference() and a.adapter is None:
                 a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
@@ -268,7 +276,7 @@ class MultiAgentTrainer(PolicyUpdate):
                 f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(self.args).__name__}."
             )
         fixed = self.fixed_advantage_mode
-        if fixed is not None and getattr(self.args, "advantage_mode", fixed) != fixed:
+        if fixed is not None and own_field(self.args, "advantage_mode", fixed) != fixed:
             raise ConfigError(
                 f"{type(self).__name__} uses advantage_mode='{fixed}' but args.advantage_mode='{self.args.advantage_mode}'; "
                 f"pass {self.config_class.__name__}(...) or use MAGRPOTrainer with advantage_mode set."
@@ -341,6 +349,7 @@ class MultiAgentTrainer(PolicyUpdate):
             a.vllm_server_port,
             a.vllm_server_timeout,
             a.seed,
+            a.vllm_server_adapter_dir,
         )
 
     @property
@@ -511,6 +520,7 @@ class MultiAgentTrainer(PolicyUpdate):
             scale=a.scale_rewards,
             discount=a.discount,
             reward_clip=a.reward_clip,
+            credit=a.cross_credit,
         )
 
     def rollout(
@@ -541,7 +551,7 @@ class MultiAgentTrainer(PolicyUpdate):
             reward_func=reward_func,
             num_generations=num_generations,
             settings=settings,
-            joint_mode=getattr(self.args, "joint_mode", "align"),
+            joint_mode=own_field(self.args, "joint_mode", "align"),
             num_turns=self.args.num_turns,
             external_transition=self.external_transition,
             termination_threshold=self.args.termination_threshold,
@@ -617,6 +627,8 @@ class MultiAgentTrainer(PolicyUpdate):
                 )
         self.last_eval_samples = samples_out
         extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), self.args.num_turns)
+        if getattr(self.args, "_reference_style", False):  # the reference's per-turn keys as well
+            extras = {**reference_turn_metrics(episodes, self.args.num_turns), **extras}
         return {**self._merge_evaluation(episodes), **extras}
 
     def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:

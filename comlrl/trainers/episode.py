@@ -367,14 +367,17 @@ def episode_advantages(
     scale: str = "none",
     discount: float = 1.0,
     reward_clip: float | None = None,
+    credit: str = "mean",
 ) -> list[list[torch.Tensor]]:
-    """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples."""
+    """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples.
+    ``credit``: cross mode's credit of a sample from the joint actions with it (:func:`cross_credit`)."""
     rewards = clip_rewards([t.rewards for t in episode.turns], reward_clip)
     returns = tree_returns(rewards, [t.children for t in episode.turns], discount)  # (M_t, J) per turn
-    if joint_mode_name(joint_mode) == "cross":  # a sample's credit: the mean return of the joint actions with it
+    if joint_mode_name(joint_mode) == "cross":  # a sample's credit: from the returns of the joint actions with it
         joint = [r.view(r.shape[0], *([num_generations] * num_agents)) for r in returns]  # (M_t, G, ..., G)
         return [
-            [compute_advantages(cross_credit(j, i), mode, scale).reshape(-1) for j in joint] for i in range(num_agents)
+            [compute_advantages(cross_credit(j, i, credit), mode, scale).reshape(-1) for j in joint]
+            for i in range(num_agents)
         ]
     per_turn = [compute_advantages(r, mode, scale).reshape(-1) for r in returns]
     return [per_turn for _ in range(num_agents)]

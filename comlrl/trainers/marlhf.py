@@ -100,7 +100,8 @@ class MARLHFTrainer:
     ``preference_dataset``: the labelled pairs of ``preferences='dataset'``. ``reward_model``: a backbone source
     for stage 2 (overrides ``args.reward_model``); ``reward_model_tokenizer``: its tokenizer (default: its own).
     Stage 3 is the trainer of ``rl_algorithm`` (``self.rl``), whose evaluate(), save_model() and checkpoints are
-    this trainer's. Runs as one process.
+    this trainer's. After stage 2, ``self.reward_model`` is the joint reward model (a module) and
+    ``self.reward_tokenizer`` its tokenizer. Runs as one process.
     """
 
     config_class = MARLHFConfig
@@ -153,7 +154,8 @@ class MARLHFTrainer:
         )
         if reward_func is not None:  # as stage 3's trainer calls it (a reference-style run: the reference's prompts=)
             self.task_reward = self.rl.reward_func
-        self.reward_model: Any = None
+        self.reward_model: Any = None  # stage 2's JointRewardModel, as the reference names it
+        self.reward_tokenizer: Any = None  # and its tokenizer
         self.reward_model_metrics: dict[str, float] = {}
 
     # the trainer protocol the command line and users rely on, answered by stage 3's trainer
@@ -193,7 +195,9 @@ class MARLHFTrainer:
         """Every agent's model (stage 3's trainer) and, beside them, the reward model."""
         paths = self.rl.save_model(output_dir)
         if self.reward_model is not None and output_dir is not None:
-            paths.append(str(save_reward_model(*self.reward_model, Path(output_dir) / REWARD_MODEL_DIR)))
+            paths.append(
+                str(save_reward_model(self.reward_model, self.reward_tokenizer, Path(output_dir) / REWARD_MODEL_DIR))
+            )
         return paths
 
     # ------------------------------------------------------------------ stages
@@ -202,16 +206,16 @@ class MARLHFTrainer:
         out = Path(self.args.output_dir)
         saved = out / REWARD_MODEL_DIR
         if resume_from_checkpoint not in (None, False) and (saved / "reward_model.json").is_file():
-            self.reward_model = load_reward_model(saved, self.rl.device)
+            self.reward_model, self.reward_tokenizer = load_reward_model(saved, self.rl.device)
             metrics_file = saved / "metrics.json"
             self.reward_model_metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
             log.info("resume: reward model from %s", saved)
         else:
             pairs = self.preference_pairs()
             self.reward_model_metrics = self.fit_reward_model(pairs)
-            save_reward_model(*self.reward_model, saved)
+            save_reward_model(self.reward_model, self.reward_tokenizer, saved)
             (saved / "metrics.json").write_text(json.dumps(self.reward_model_metrics, indent=2))
-        model, tok = self.reward_model
+        model, tok = self.reward_model, self.reward_tokenizer
         model.requires_grad_(False).train(False)
         a = self.args
         if "reward_model/score_mean" not in self.reward_model_metrics:  # a run saved before the statistic was kept
@@ -296,7 +300,7 @@ class MARLHFTrainer:
             seed=a.seed,
             disable_tqdm=a.disable_tqdm,
         )
-        self.reward_model = (model, tok)
+        self.reward_model, self.reward_tokenizer = model, tok
         metrics["reward_model/unreadable_pairs"] = float(skipped)
         metrics.update(self.score_statistic(pairs))
         log.info("reward model: %s", {k: round(v, 4) for k, v in metrics.items()})
@@ -305,7 +309,7 @@ class MARLHFTrainer:
     def score_statistic(self, pairs: list[dict]) -> dict[str, float]:
         """``reward_model/score_mean`` and ``reward_model/score_std``: the mean and population std of the reward
         model's scores of the pairs' chosen and rejected joint answers, the statistic stage 3 standardizes with."""
-        model, tok = self.reward_model
+        model, tok = self.reward_model, self.reward_tokenizer
         a = self.args
         mean, std = pair_score_stats(model, tok, pairs, 2 * a.reward_model_batch_size, a.reward_model_max_length)
         return {"reward_model/score_mean": mean, "reward_model/score_std": std}

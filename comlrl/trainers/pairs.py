@@ -45,6 +45,64 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def iteration_path(folder: str | os.PathLike, round_index: int) -> Path:
+    """Round ``round_index``'s file in a replay_dir: the reference library's ``iteration_<N>.json`` (N from 1)."""
+    return Path(folder) / f"iteration_{round_index + 1:04d}.json"
+
+
+def write_iteration(folder: str | os.PathLike, round_index: int, records: list[dict]) -> Path:
+    """Write a round's pairs as the reference library's replay file, atomically: ``{iteration, num_pairs, pairs}``,
+    each pair with its fields (prompts, winner_completions, loser_completions, winner_reward, loser_reward,
+    candidate_reward_mean, raw_rewards, target_raw_reward, comparator_raw_reward; the rewards after
+    reward_processor) and ours (token ids, sides, truncation), from which replay reads it back exactly."""
+    path = iteration_path(folder, round_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    for r in records:
+        sides = (r.get("chosen_side", 0), r.get("rejected_side", 0))
+        rewards = (r["chosen_reward"], r["rejected_reward"])
+        pairs.append(
+            {
+                "prompts": r["prompts"],
+                "winner_completions": r["chosen"],
+                "loser_completions": r["rejected"],
+                "winner_reward": r["chosen_reward"],
+                "loser_reward": r["rejected_reward"],
+                "candidate_reward_mean": r.get("candidate_reward_mean", sum(rewards) / 2),
+                "raw_rewards": list(rewards),
+                "target_raw_reward": rewards[0] if sides[0] == 0 else rewards[1],
+                "comparator_raw_reward": rewards[0] if sides[0] else rewards[1] if sides[1] else None,
+                **r,
+            }
+        )
+    payload = {"iteration": round_index + 1, "num_pairs": len(pairs), "pairs": pairs}
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_iteration(path: Path, round_index: int) -> list[dict]:
+    """A replay file's pairs as pair records (``chosen`` / ``rejected`` ... from the reference's names where a
+    record has only those); token ids stay as stored (absent in a file the reference library wrote)."""
+    with open(path, encoding="utf-8") as f:
+        payload = json.load(f)
+    records = []
+    for p in payload.get("pairs", []) if isinstance(payload, dict) else payload:
+        record = dict(p)
+        record.setdefault("round", round_index)
+        record.setdefault("row", -1)
+        record.setdefault("chosen", list(p["winner_completions"]))
+        record.setdefault("rejected", list(p["loser_completions"]))
+        record.setdefault("chosen_reward", float(p.get("winner_reward", 0.0)))
+        record.setdefault("rejected_reward", float(p.get("loser_reward", 0.0)))
+        records.append(record)
+    return records
+
+
 def snapshot_rounds(round_index: int, comparator: str, lag: int) -> set[int]:
     """The rounds whose team snapshot the comparator can still pick at the start of round ``round_index`` (this
     round's and every later one's): 'initial': {0}; 'history': max(0, r - lag) for r >= round_index, i.e.
@@ -69,10 +127,12 @@ def eval_mode(models: list[torch.nn.Module]) -> Iterator[None]:
             m.train(mode)
 
 
-def _joint_answer(turns: list, k: int, m: int, c: int) -> tuple[list[str], list[list[int]], list[list[int]], list]:
-    """Candidate c of node m (c < k: the team's, else the comparator's): each agent's text, prompt ids, completion
-    ids (the completion up to and including its stop token) and whether it was truncated (no stop token)."""
-    turn, row = turns[c // k], m * k + c % k
+def _joint_answer(turns: list, side: int, m: int, c: int) -> tuple[list[str], list[list[int]], list[list[int]], list]:
+    """Candidate c of node m on ``side`` (0: the team's, 1: the comparator's): each agent's text, prompt ids,
+    completion ids (the completion up to and including its stop token) and whether it was truncated (no stop
+    token)."""
+    turn, k = turns[side], turns[0].rewards.shape[1]
+    row = m * turn.rewards.shape[1] + c
     texts, prompt_ids, ids, truncated = [], [], [], []
     for s, team in zip(turn.samples, turns[0].samples):  # prompts as the team tokenized them
         texts.append(s.texts[row])
@@ -90,26 +150,32 @@ def candidate_pairs(
     tie_tolerance: float,
     seed: int,
     valid: torch.Tensor | None = None,
+    aligned: bool = False,
 ) -> tuple[list[dict], int]:
     """Pair records of one round from its candidate episodes (the team's, then the comparator's, if any: the same
-    rows in the same order) and the number of dropped ties. Each record holds every agent's prompt, both joint
-    answers' texts, token ids and truncation flags (per agent: max_new_tokens reached, no stop token), and their
-    team rewards. ``valid`` (M, K_total) bool: candidates that may be paired (None: all; a centralized comparator's
-    completion that did not parse is not)."""
+    rows in the same order, each with its own number of candidates) and the number of dropped ties. Each record
+    holds every agent's prompt, both joint answers' texts, token ids and truncation flags (per agent:
+    max_new_tokens reached, no stop token), their team rewards, sides and candidate indices within their side, and
+    the mean reward of the prompt's candidates. ``valid`` (M, K_total) bool: candidates that may be paired (None:
+    all; a centralized comparator's completion that did not parse is not). ``aligned``: the team's candidate i is
+    paired only with the comparator's candidate i."""
     first = [ep.turns[0] for ep in episodes]
-    k = first[0].rewards.shape[1]
-    sides = [side for side in range(len(first)) for _ in range(k)] if len(first) > 1 else None
+    sizes = [t.rewards.shape[1] for t in first]
+    sides = [side for side, n in enumerate(sizes) for _ in range(n)]
+    index = [c for n in sizes for c in range(n)]  # each candidate's index within its side
     records, ties = [], 0
     for m, node in enumerate(first[0].nodes):
         rewards = torch.cat([t.rewards[m] for t in first])
         keep = list(range(len(rewards))) if valid is None else valid[m].nonzero().flatten().tolist()
         gen = torch.Generator().manual_seed(derive_seed(seed, "pairs", round_index, node.row_id))
-        kept_sides = None if sides is None else [sides[c] for c in keep]
-        sel = select_pairs(rewards[keep], mode, pairs_per_prompt, gen, tie_tolerance, kept_sides)
+        kept_sides = None if len(first) == 1 else [sides[c] for c in keep]
+        positions = [index[c] for c in keep] if aligned else None
+        sel = select_pairs(rewards[keep], mode, pairs_per_prompt, gen, tie_tolerance, kept_sides, positions)
         ties += sel.ties
 
         for w, lo in ((keep[w], keep[lo]) for w, lo in sel.pairs):
-            (cw, pids, iw, tw), (cl, _, il, tl) = _joint_answer(first, k, m, w), _joint_answer(first, k, m, lo)
+            cw, pids, iw, tw = _joint_answer(first, sides[w], m, index[w])
+            cl, _, il, tl = _joint_answer(first, sides[lo], m, index[lo])
             records.append(
                 {
                     "round": round_index,
@@ -119,8 +185,11 @@ def candidate_pairs(
                     "rejected": cl,
                     "chosen_reward": float(rewards[w]),
                     "rejected_reward": float(rewards[lo]),
-                    "chosen_side": w // k,
-                    "rejected_side": lo // k,
+                    "candidate_reward_mean": float(rewards.mean()),
+                    "chosen_side": sides[w],
+                    "rejected_side": sides[lo],
+                    "chosen_candidate": index[w],
+                    "rejected_candidate": index[lo],
                     "prompt_ids": pids,
                     "chosen_ids": iw,
                     "rejected_ids": il,

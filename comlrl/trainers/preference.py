@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import config as ours
 from ..algorithms.preference import (
     CentralizedComparatorAdapter,
     TaggedCentralizedComparatorAdapter,
@@ -39,7 +40,6 @@ from ..algorithms.preference import (
     sequence_logps,
     team_dpo_loss,
 )
-from ..config import MADPOConfig
 from ..engine.api_client import Answer, APIClient, Sampling
 from ..engine.logprobs import completion_logprobs
 from ..engine.models import load_model, load_tokenizer
@@ -58,11 +58,14 @@ from .pairs import (  # noqa: F401  (re-exported: MARLHF and the tests read pair
     candidate_pairs,
     dataset_pairs,
     eval_mode,
+    iteration_path,
     pair_metrics,
+    read_iteration,
     read_jsonl,
     shard_path,
     snapshot_rounds,
     text_samples,
+    write_iteration,
     write_jsonl,
 )
 from .setup import Agent
@@ -78,15 +81,16 @@ class MADPOTrainer(MultiAgentTrainer):
 
     Arguments as :class:`~comlrl.trainers.base.MultiAgentTrainer`. ``reward_func`` scores the online candidates
     (not needed with ``preferences='dataset'``, where ``train_dataset`` rows carry the chosen / rejected answers,
-    one per agent). evaluate() reports the team reward of greedy answers, as for every trainer.
+    one per agent). evaluate() reports the team reward of its answers (greedy unless eval_do_sample), as for every
+    trainer.
     ``centralized_comparator_adapter`` (comparator_generation='centralized'): builds the comparator's one prompt
     and splits its completions (:class:`~comlrl.algorithms.preference.CentralizedComparatorAdapter`; default
     :class:`~comlrl.algorithms.preference.TaggedCentralizedComparatorAdapter`, the ``<agent_i>`` tags).
     Runs as one process (torchrun is not supported yet).
     """
 
-    config_class = MADPOConfig
-    accepted_config = MADPOConfig
+    config_class = ours.MADPOConfig
+    accepted_config = ours.MADPOConfig
     supports_distributed = False
     supports_agent_devices = False  # its pair batches and comparator live on the trainer device
 
@@ -133,15 +137,26 @@ class MADPOTrainer(MultiAgentTrainer):
     @property
     def steps_per_round(self) -> int:
         """Optimizer steps of a round: ``steps_per_round``, or with None num_train_epochs passes over the round's
-        pair slots (at most pairs_per_prompt per prompt; every pair across team and comparator, or within the team)."""
+        pair slots (at most pairs_per_prompt per prompt; every pair across team and comparator, the aligned ones, or
+        every pair within the team)."""
         a = self.args
         if a.steps_per_round is not None:
             return a.steps_per_round
-        k = a.num_generations
-        most = k * k if a.comparator != "current" else k * (k - 1) // 2
+        k, kc = a.num_generations, self.comparator_generations
+        if not a.has_comparator_side:
+            most = k * (k - 1) // 2
+        elif a.comparator_pairing == "aligned":
+            most = min(k, kc)
+        else:
+            most = k * kc
         pairs = min(a.pairs_per_prompt, most) if a.pairs_per_prompt is not None else most
         per_step = a.per_device_train_batch_size * a.gradient_accumulation_steps
         return max(1, math.ceil(a.num_train_epochs * self.prompts_per_round * pairs / per_step))
+
+    @property
+    def comparator_generations(self) -> int:
+        """Candidates per prompt of the comparator side: ``comparator_num_generations``, or as many as the team's."""
+        return self.args.comparator_num_generations or self.args.num_generations
 
     def _epoch_rollouts(self) -> int:
         """Micro-batches of the run: ``steps_per_round`` optimizer steps per round online, else the epochs (or
@@ -219,10 +234,7 @@ class MADPOTrainer(MultiAgentTrainer):
             metrics = self.collect_round(round_index, batches)
         for r in range(round_index + 1):
             if r not in self._pairs_by_round and self._replayed(round_index, r):
-                path = shard_path(out_dir, r)
-                if not path.is_file():
-                    raise ConfigError(f"round {r}: its pairs shard {path} is missing, so this run cannot resume.")
-                self._pairs_by_round[r] = read_jsonl(path)
+                self._pairs_by_round[r] = self._stored_pairs(out_dir, r)
         rounds = sorted(r for r in self._pairs_by_round if r <= round_index)
         ages = torch.tensor([round_index - r for r in rounds], dtype=torch.long)
         a = self.args
@@ -246,6 +258,20 @@ class MADPOTrainer(MultiAgentTrainer):
         self._round_metrics["round"] = float(round_index)
         return metrics
 
+    def _stored_pairs(self, out_dir: Path, r: int) -> list[dict]:
+        """Round r's pairs from disk: its replay_dir file when replay_dir is set (a record without token ids, as the
+        reference library writes them, is tokenized as a dataset pair), else its shard under output_dir."""
+        path = iteration_path(self.args.replay_dir, r) if self.args.replay_dir else shard_path(out_dir, r)
+        if not path.is_file():
+            raise ConfigError(f"round {r}: its pairs file {path} is missing, so this run cannot resume.")
+        if not self.args.replay_dir:
+            return read_jsonl(path)
+        records = read_iteration(path, r)
+        for record in records:
+            if "chosen_ids" not in record:
+                record.update(self._encode_pair(record))
+        return records
+
     def _replayed(self, round_index: int, r: int) -> bool:
         ages = torch.tensor([round_index - r])
         return bool(replay_weights(ages, self.args.replay, self.args.replay_k, self.args.replay_decay)[0] > 0)
@@ -264,9 +290,11 @@ class MADPOTrainer(MultiAgentTrainer):
             self.rollout(rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index))
         ]
         parsed = None  # (M, k) bool: which of a centralized comparator's completions parsed
-        if a.comparator != "current":
-            seed, k = self._round_seed(round_index, 1), a.num_generations
-            if a.comparator == "api" or a.comparator_generation != "decentralized":
+        if a.has_comparator_side:
+            seed, k = self._round_seed(round_index, 1), self.comparator_generations
+            if a.comparator == "current":  # the current team answers again, apart from its own candidates
+                episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed))
+            elif a.comparator == "api" or a.comparator_generation != "decentralized":
                 episode, parsed = self._text_comparator_episode(rows, ids, settings, seed, round_index)
                 episodes.append(episode)
             elif a.comparator == "model":
@@ -276,9 +304,11 @@ class MADPOTrainer(MultiAgentTrainer):
                 with self._comparator_weights(round_index):
                     episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed))
         elapsed = time.perf_counter() - start
-        valid = None if parsed is None else torch.cat([torch.ones_like(parsed), parsed], dim=1)
+        team_ok = torch.ones(len(rows), a.num_generations, dtype=torch.bool)
+        valid = None if parsed is None else torch.cat([team_ok, parsed], dim=1)
+        aligned = a.comparator_pairing == "aligned"
         records, ties = candidate_pairs(
-            episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed, valid
+            episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed, valid, aligned
         )
         if a.comparator in TEXT_COMPARATORS:  # the comparator's answers in the team's tokens; a truncated one stays so
             for record in records:
@@ -289,6 +319,8 @@ class MADPOTrainer(MultiAgentTrainer):
                             answer_ids(ag, record[key][ag.index], eos=not cut[ag.index]) for ag in self.agents
                         ]
         write_jsonl(shard_path(a.output_dir, round_index), records)
+        if a.replay_dir:
+            write_iteration(a.replay_dir, round_index, records)
         self._pairs_by_round[round_index] = records
         team = episodes[0].turns[0].rewards.reshape(-1)
         summary = {"round": round_index, "team_rewards": team.tolist()}
@@ -370,7 +402,7 @@ class MADPOTrainer(MultiAgentTrainer):
             return [text_samples(agent, answers[agent.index]) for agent in agents]
 
         nodes = root_nodes(self.formatters, rows, ids, getattr(self.train_dataset, "column_names", None))
-        k = self.args.num_generations
+        k = self.comparator_generations
         episode = run_episode(
             self.agents,
             nodes,
@@ -572,7 +604,7 @@ class MADPOTrainer(MultiAgentTrainer):
 
     def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
         """On labelled pairs (the chosen / rejected columns): :meth:`evaluate_pairs`; otherwise the team reward of
-        its greedy answers, as every trainer's evaluate()."""
+        its answers (greedy unless eval_do_sample), as every trainer's evaluate()."""
         dataset = next((d for d in (eval_dataset, kwargs.get("dataset"), self.eval_dataset) if d is not None), None)
         columns = set(getattr(dataset, "column_names", None) or (dataset[0].keys() if dataset else ()))
         if {self.args.chosen_column, self.args.rejected_column} <= columns:
@@ -630,10 +662,12 @@ class MADPOTrainer(MultiAgentTrainer):
         return ref_c, ref_r
 
 
-# the reference library's names on its import path (comlrl.compat): the same classes
+# the reference library's names on its import path (comlrl.compat): the same trainers; its configs take the
+# reference's field names and defaults (ours: comlrl.MADPOConfig, comlrl.MARLHFConfig)
 MADPOIterTrainer = MADPOTrainer
 _REFERENCE_NAMES = {
-    "MARLHFConfig": "comlrl.config",
+    "MADPOConfig": "comlrl.compat.configs",
+    "MARLHFConfig": "comlrl.compat.configs",
     "MARLHFTrainer": "comlrl.trainers.marlhf",  # imports this module: resolved on first use
     "JointRewardModel": "comlrl.engine.reward_model",
     "CentralizedComparatorParseError": "comlrl.errors",
@@ -653,7 +687,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CentralizedComparatorAdapter",
-    "MADPOConfig",
     "MADPOIterTrainer",
     "MADPOTrainer",
     "TaggedCentralizedComparatorAdapter",
