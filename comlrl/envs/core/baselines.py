@@ -16,13 +16,15 @@
 
 ``run_baseline`` returns the environment's evaluation metrics (``reward/mean``, per-level means,
 ``pass@1`` for code, ...) plus ``tokens/per_task`` (tokens generated per task, over all calls;
-whitespace tokens unless ``count_tokens`` is given) and ``num_tasks``. ``format_table`` renders
+whitespace tokens unless ``count_tokens`` is given) and ``num_tasks``; ``baseline_rows`` returns each row's
+answers, score and tokens instead (what ``comlrl compare`` pairs over rows). ``format_table`` renders
 several results as a markdown table.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from ...algorithms.preference import centralized_prompt, split_roles
 from .base import Env
@@ -38,7 +40,7 @@ class _Generator:
     def __init__(self, generate: Generate, count_tokens: Callable[[str], int] | None) -> None:
         self.generate = generate
         self.count = count_tokens or (lambda text: len(text.split()))
-        self.tokens = 0
+        self.row_tokens: list[int] = []  # per row, over all calls (each call sends one prompt per row)
         self.metrics: dict[str, float] = {}  # a mode's own metrics, added to the result
 
     def __call__(self, agent: int, prompts: list[str]) -> list[str]:
@@ -48,7 +50,12 @@ class _Generator:
         for i, text in enumerate(out):
             if not isinstance(text, str):
                 raise TypeError(f"generate(agent {agent}) returned {type(text).__name__} for prompt {i}, expected str.")
-        self.tokens += sum(self.count(t) for t in out)
+        counts = [self.count(t) for t in out]
+        if not self.row_tokens:
+            self.row_tokens = [0] * len(out)
+        if len(counts) != len(self.row_tokens):
+            raise ValueError(f"baseline call for agent {agent} sent {len(out)} prompts, expected one per row.")
+        self.row_tokens = [a + b for a, b in zip(self.row_tokens, counts)]
         return out
 
 
@@ -120,27 +127,68 @@ def _centralized(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]
     return [[outputs[i] for outputs, _ in split] for i in range(n)]
 
 
-def run_baseline(
+_RUNNERS = {
+    "single": _single,
+    "parallel": _parallel,
+    "sequential": _sequential,
+    "discussion": _discussion,
+    "centralized": _centralized,
+}
+
+
+@dataclass
+class BaselineRows:
+    """A baseline's per-row results: ``answers[i][j]`` is agent i's answer to row j, ``scores[j]`` row j's score dict
+    (``reward``, ``level/*``, ``metric/*``), ``tokens[j]`` the tokens generated for row j over all calls, ``metrics``
+    the mode's own metrics (``centralized/parse_failure_rate``)."""
+
+    answers: list[list[str]]
+    scores: list[dict[str, float]]
+    tokens: list[int]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def baseline_answers(
     env: Env, mode: str, generate: Generate, rows: Sequence[dict], *, count_tokens: Callable[[str], int] | None = None
-) -> dict[str, float]:
-    """Run baseline ``mode`` on ``rows`` and return ``env.evaluate`` metrics + ``tokens/per_task``, ``num_tasks``."""
-    runners = {
-        "single": _single,
-        "parallel": _parallel,
-        "sequential": _sequential,
-        "discussion": _discussion,
-        "centralized": _centralized,
-    }
-    if mode not in runners:
+) -> tuple[list[list[str]], list[int], dict[str, float]]:
+    """Each agent's answer to each row under baseline ``mode``, the tokens generated per row (every call of the mode
+    sends one prompt per row, in row order) and the mode's own metrics."""
+    if mode not in _RUNNERS:
         raise ValueError(f"unknown baseline mode '{mode}'; choose one of {', '.join(MODES)}.")
     rows = [dict(r) for r in rows]
     if not rows:
         raise ValueError("run_baseline: no rows to evaluate.")
     gen = _Generator(generate, count_tokens)
-    per_agent = runners[mode](env, gen, rows)
+    per_agent = _RUNNERS[mode](env, gen, rows)
+    return per_agent, gen.row_tokens, gen.metrics
+
+
+def baseline_rows(
+    env: Env,
+    mode: str,
+    generate: Generate,
+    rows: Sequence[dict],
+    *,
+    count_tokens: Callable[[str], int] | None = None,
+    reward_func: Any = None,
+) -> BaselineRows:
+    """Run baseline ``mode`` on ``rows`` and score each row (``reward_func``: a team reward with ``score()``;
+    default ``env.reward_func``)."""
+    per_agent, tokens, metrics = baseline_answers(env, mode, generate, rows, count_tokens=count_tokens)
+    reward = reward_func if reward_func is not None else env.reward_func
+    scores = reward.score(*per_agent, batch_items=[dict(r) for r in rows])
+    return BaselineRows(per_agent, [dict(s) for s in scores], tokens, dict(metrics))
+
+
+def run_baseline(
+    env: Env, mode: str, generate: Generate, rows: Sequence[dict], *, count_tokens: Callable[[str], int] | None = None
+) -> dict[str, float]:
+    """Run baseline ``mode`` on ``rows`` and return ``env.evaluate`` metrics + ``tokens/per_task``, ``num_tasks``."""
+    rows = [dict(r) for r in rows]
+    per_agent, tokens, own = baseline_answers(env, mode, generate, rows, count_tokens=count_tokens)
     metrics = env.evaluate(per_agent, rows)
-    metrics.update(gen.metrics)
-    metrics["tokens/per_task"] = gen.tokens / len(rows)
+    metrics.update(own)
+    metrics["tokens/per_task"] = sum(tokens) / len(rows)
     metrics["num_tasks"] = float(len(rows))
     return metrics
 

@@ -1,0 +1,652 @@
+"""``comlrl compare``: several conditions evaluated on the same held-out rows, with intervals.
+
+A condition is a trained team (a run directory, or one of its checkpoints), the untrained team of a config, or one of
+the env's baselines (:mod:`comlrl.envs.core.baselines`) with a config's or a run's models. Every condition answers
+the same rows (the first ``rows`` evaluation rows of the scoring config: ``config``, default the first condition's),
+with the same decoding (greedy, or plain sampling at one temperature: no top-p, top-k or repetition penalty) and the
+same number of samples per row, and every answer is scored by the scoring config's env. A condition keeps its own
+prompts and ``max_new_tokens`` (a single agent writing every part may be given more tokens than each agent of a team).
+
+The summary per condition: the team reward's mean with a 95% percentile bootstrap interval over rows, the paired
+difference to a reference condition with its interval (:mod:`comlrl.algorithms.bootstrap`), each reward level's
+mean, the env's task metric (pass@1 and pass@k where the env reports ``metric/pass``, accuracy where it reports one),
+tokens and seconds per joint answer, and the ``eval/contribution/...`` metrics of evaluate() when it reports them.
+
+Condition syntax (``[NAME=]KIND:TARGET``)::
+
+    run:DIR            the run's final models (DIR@STEP: its checkpoint-STEP); a run with num_agents=1 is a trained
+                       single agent: its answers are split into the roles by the env's split_single
+    untrained:CONFIG   the config's models, untrained
+    baseline:MODE@TARGET   baseline MODE (single, parallel, sequential, discussion, centralized) with the models of
+                       TARGET (a config, untrained, or a run directory, trained)
+    DIR | CONFIG       a bare run directory is run:DIR, a bare file untrained:CONFIG
+    NAME=...           the condition's label (default: the run directory's name, 'untrained', or the mode)
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import hashlib
+import json
+import logging
+import math
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from .algorithms.bootstrap import LEVEL, NUM_RESAMPLES, bootstrap_mean, paired_difference, row_values
+from .errors import ComlrlError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("run", "untrained", "baseline")
+#: score keys that are the env's task metric: metric/pass gives pass@1 (and pass@k with k samples), the others accuracy
+TASK_METRICS = {"metric/pass": "pass", "metric/accuracy": "accuracy", "metric/bfcl_accuracy": "accuracy"}
+CONTRIBUTION_PREFIX = "eval/contribution/"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition of a comparison (see the module docstring for the syntax :func:`parse_condition` reads)."""
+
+    name: str
+    kind: str
+    target: str
+    step: int | None = None
+    mode: str | None = None
+
+    @property
+    def models(self) -> tuple[str, int | None]:
+        """What the condition loads: (run directory or config, checkpoint step); conditions sharing it share models."""
+        return str(Path(self.target).resolve()), self.step
+
+
+def parse_condition(text: str) -> Condition:
+    """A :class:`Condition` from ``[NAME=]KIND:TARGET`` (or a bare run directory / config path)."""
+    from .cli import BASELINES
+
+    spec, name = text.strip(), None
+    labelled = re.match(r"^([^=:/\\]+)=(.+)$", spec)
+    if labelled:
+        name, spec = labelled.group(1).strip(), labelled.group(2).strip()
+    kind, sep, rest = spec.partition(":")
+    if not sep or kind not in KINDS:
+        kind, rest = ("run" if Path(_strip_step(spec)[0]).is_dir() else "untrained"), spec
+    if not rest:
+        raise ComlrlError(f"condition {text!r}: {kind}: needs a target, e.g. {kind}:{_EXAMPLES[kind]}.")
+    if kind == "baseline":
+        mode, at, target = rest.partition("@")
+        if not at or mode not in BASELINES or not target:
+            raise ComlrlError(
+                f"condition {text!r}: a baseline is baseline:MODE@TARGET with MODE one of {', '.join(BASELINES)} "
+                "and TARGET a config or a run directory (e.g. baseline:single@configs/tldr_magrpo.yaml)."
+            )
+        return Condition(name or mode, kind, target, None, mode)
+    if kind == "run":
+        target, step = _strip_step(rest)
+        if not Path(target).is_dir():
+            raise ComlrlError(f"condition {text!r}: {target} is not a run directory (written by comlrl train).")
+        return Condition(name or (Path(target).name + (f"@{step}" if step is not None else "")), kind, target, step)
+    if not Path(rest).is_file():
+        raise ComlrlError(f"condition {text!r}: {rest} is not a file; untrained:CONFIG takes a YAML run config.")
+    return Condition(name or "untrained", kind, rest)
+
+
+_EXAMPLES = {"run": "runs/quickstart-...", "untrained": "configs/quickstart.yaml", "baseline": "single@CONFIG.yaml"}
+
+
+def _strip_step(target: str) -> tuple[str, int | None]:
+    m = re.match(r"^(.*)@(\d+)$", target)
+    return (m.group(1), int(m.group(2))) if m else (target, None)
+
+
+# --- scoring ------------------------------------------------------------------------------------------------------
+
+
+class SingleAnswerReward:
+    """The team reward of one model's whole answers: each answer is split into the roles by ``env.split_single`` and
+    scored by ``env.reward_func``. How a trained single agent (a run with num_agents=1: one model writes every part)
+    is scored beside the teams; an env whose single-agent answers need another split overrides ``split_single``."""
+
+    batched = True
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.__name__ = f"{env.name}_single_answer_reward"
+
+    def score(self, *agent_completions: Sequence[str], batch_items: Sequence[dict] | None = None, **_: Any) -> list:
+        if len(agent_completions) != 1:
+            raise ComlrlError(f"a single agent's reward takes one list of answers, got {len(agent_completions)}.")
+        answers = list(agent_completions[0])
+        rows = list(batch_items) if batch_items is not None else [{}] * len(answers)
+        parts = [self.env.split_single(a, r) for a, r in zip(answers, rows)]
+        per_agent = [[p[i] for p in parts] for i in range(self.env.num_agents)]
+        return self.env.reward_func.score(*per_agent, batch_items=rows)
+
+    def __call__(self, *agent_completions: Sequence[str], batch_items: Sequence[dict] | None = None, **_: Any) -> list:
+        return [d["reward"] for d in self.score(*agent_completions, batch_items=batch_items)]
+
+
+def scoring_reward(trainer: Any, env: Any, name: str) -> Any:
+    """The reward that scores ``trainer``'s answers with ``env``'s team reward: as is for a team of the env's size,
+    role-split for a centralized trainer, split by ``env.split_single`` for a single agent."""
+    from .trainers.centralized import RoleSplitReward
+
+    current = getattr(trainer, "eval_reward_func", None)
+    if isinstance(current, RoleSplitReward):
+        return RoleSplitReward(env.reward_func, current.formatters)
+    if trainer.num_agents == env.num_agents:
+        return env.reward_func
+    if trainer.num_agents == 1:
+        return SingleAnswerReward(env)
+    raise ComlrlError(
+        f"condition {name!r}: a team of {trainer.num_agents} agents cannot be scored by {env.name} with "
+        f"{env.num_agents} agents; compare teams of the scoring config's size, or single agents."
+    )
+
+
+# --- the comparison -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` returns: the settings, the rows, every sample's result and each condition's summary."""
+
+    conditions: list[Condition]
+    reference: str
+    rows: list[dict[str, Any]]  # {"row": id, "key": a hash of the row's content}
+    records: list[dict[str, Any]]  # one per condition, row and sample
+    summary: dict[str, dict[str, Any]]  # per condition name
+    settings: dict[str, Any]
+    descriptions: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The summary as a markdown table."""
+        return markdown_table(self.summary, self.reference, self.settings.get("level", LEVEL))
+
+    def write(self, out: str | Path) -> dict[str, Path]:
+        """results.md, results.csv, compare.png, samples.jsonl and summary.json in ``out``."""
+        return write_outputs(self, Path(out))
+
+
+def compare(
+    conditions: Sequence[str | Condition],
+    *,
+    rows: int | None = None,
+    samples: int = 1,
+    reference: str | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    out: str | Path | None = None,
+    config: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    num_resamples: int = NUM_RESAMPLES,
+    progress: bool = True,
+) -> Comparison:
+    """Evaluate ``conditions`` on the same ``rows`` held-out rows, ``samples`` answers per row (greedy when
+    ``temperature`` is 0, else sampled at it), each against ``reference`` (default: the first condition); write the
+    outputs to ``out`` when given. ``config``: the run config (or run directory) whose env scores every answer and
+    whose evaluation rows are used (default: the first condition's); ``overrides``: ``--set`` values for every config.
+    """
+    from tqdm.auto import tqdm
+
+    conds = [c if isinstance(c, Condition) else parse_condition(c) for c in conditions]
+    if not conds:
+        raise ComlrlError("compare needs at least one condition.")
+    names = [c.name for c in conds]
+    for name in names:
+        if names.count(name) > 1:
+            raise ComlrlError(f"two conditions are named {name!r}; label them NAME=CONDITION (e.g. {name}-b=...).")
+    reference = reference or names[0]
+    if reference not in names:
+        raise ComlrlError(f"reference {reference!r} is not a condition; the conditions: {', '.join(names)}.")
+    if samples < 1:
+        raise ComlrlError(f"samples must be >= 1, got {samples}.")
+    if temperature < 0:
+        raise ComlrlError(f"temperature must be >= 0 (0: greedy), got {temperature}.")
+    if samples > 1 and temperature == 0:
+        raise ComlrlError(f"{samples} samples per row need sampling: greedy answers repeat (set a temperature > 0).")
+
+    env, eval_rows, scoring = _scoring_env(config if config is not None else conds[0].target, overrides)
+    n = len(eval_rows) if rows is None else rows
+    if not 1 <= n <= len(eval_rows):
+        raise ComlrlError(
+            f"rows={rows}: {scoring} has {len(eval_rows)} evaluation rows (data.eval_limit); ask for 1 to "
+            f"{len(eval_rows)}, or raise it with --set data.eval_limit=N."
+        )
+    dataset = eval_rows.select(range(n))
+    row_info = [{"row": i, "key": row_key(dataset[i])} for i in range(n)]
+    settings = {
+        "env": env.name,
+        "scoring_config": str(scoring),
+        "rows": n,
+        "samples": samples,
+        "decoding": "greedy" if temperature == 0 else f"sampling at temperature {temperature:g}",
+        "temperature": temperature,
+        "seed": seed,
+        "level": LEVEL,
+        "num_resamples": num_resamples,
+    }
+    last_use = {c.models: i for i, c in enumerate(conds)}
+    opened: dict[tuple[str, int | None], tuple[Any, Any, dict]] = {}
+    records: list[dict] = []
+    timing: dict[str, dict[str, Any]] = {}
+    descriptions: dict[str, str] = {}
+    bar = tqdm(total=len(conds) * n, desc="compare", unit="row", disable=not progress)
+    try:
+        for i, cond in enumerate(conds):
+            bar.set_postfix(condition=cond.name)
+            if cond.models not in opened:
+                opened[cond.models] = _open(cond, overrides)
+            trainer, cond_env, models = opened[cond.models]
+            if cond_env.name != env.name:
+                raise ComlrlError(
+                    f"condition {cond.name!r} is a {cond_env.name} team; the comparison scores {env.name} "
+                    f"({scoring}): compare conditions of one env."
+                )
+            descriptions[cond.name] = _describe(cond, models)
+            _set_decoding(trainer, temperature, seed)
+            start = time.perf_counter()
+            if cond.kind == "baseline":
+                rec, extra = _run_baseline(cond, trainer, cond_env, env, dataset, samples, seed)
+                bar.update(n)
+            else:
+                rec, extra = _run_team(cond, trainer, env, dataset, samples, bar)
+            seconds = time.perf_counter() - start
+            for r in rec:
+                r["key"] = row_info[r["row"]]["key"]
+            records += [{"condition": cond.name, **r} for r in rec]
+            timing[cond.name] = {"seconds": seconds, "extra": extra}
+            if last_use[cond.models] == i:  # free the models as soon as no later condition needs them
+                del opened[cond.models], trainer
+                gc.collect()
+    finally:
+        bar.close()
+    summary = summarize(
+        records,
+        names,
+        reference,
+        [r["row"] for r in row_info],
+        samples,
+        seconds={k: v["seconds"] for k, v in timing.items()},
+        extras={k: v["extra"] for k, v in timing.items()},
+        num_resamples=num_resamples,
+        seed=seed,
+    )
+    for cond in conds:
+        summary[cond.name]["kind"] = cond.kind
+        summary[cond.name]["description"] = descriptions[cond.name]
+    result = Comparison(conds, reference, row_info, records, summary, settings, descriptions)
+    if out is not None:
+        result.write(out)
+    return result
+
+
+def row_key(row: dict) -> str:
+    """A short hash of a row's content: the same key in every condition means the same row."""
+    return hashlib.sha256(json.dumps(dict(row), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _scoring_env(target: str | Path, overrides: Sequence[str]) -> tuple[Any, Any, Path]:
+    from . import runconfig
+    from .cli import _run_config, load_data, make_env
+
+    path = Path(target)
+    cfg_path = _run_config(path) if path.is_dir() else path
+    cfg = runconfig.load_config(cfg_path, list(overrides))
+    if not cfg.data.eval_limit:
+        raise ComlrlError(
+            f"{cfg_path}: compare needs evaluation rows: set data.eval_limit > 0 (e.g. --set data.eval_limit=40)."
+        )
+    env = make_env(cfg)
+    _, rows = load_data(cfg, env)
+    # an env's single-agent form (env.format: single) holds its team, whose reward scores every condition
+    return getattr(env, "team", None) or env, rows, cfg_path
+
+
+def _open(cond: Condition, overrides: Sequence[str]) -> tuple[Any, Any, dict]:
+    from .cli import open_evaluation
+
+    trainer, env, _, models = open_evaluation(cond.target, cond.step, list(overrides))
+    return trainer, env, models
+
+
+def _describe(cond: Condition, models: dict) -> str:
+    if cond.kind == "baseline":
+        return f"baseline '{cond.mode}' with {models['description']}"
+    return models["description"]
+
+
+def _core(trainer: Any) -> Any:
+    """The trainer that evaluates (a MARLHF trainer's stage-3 trainer, else the trainer itself)."""
+    return getattr(trainer, "rl", trainer)
+
+
+def _set_decoding(trainer: Any, temperature: float, seed: int) -> None:
+    """Every condition decodes alike: greedy, or plain sampling at ``temperature`` (no top-p, top-k or penalty), and
+    answers each row with K joint answers (sample k of every agent: a cross-trained team is not scored on K^N)."""
+    from .config_fields import own_field
+
+    args = _core(trainer).args
+    args.eval_do_sample = temperature > 0
+    args.eval_temperature = temperature if temperature > 0 else 1.0
+    args.top_p, args.top_k, args.repetition_penalty = 1.0, 0, 1.0
+    args.seed = seed
+    if own_field(args, "joint_mode", "align") != "align":
+        args.joint_mode = "align"
+
+
+@contextmanager
+def _counting_rows(trainer: Any, bar: Any) -> Iterator[None]:
+    """Advance ``bar`` by each rollout's rows while the trainer evaluates."""
+    rollout = trainer.rollout
+
+    def counted(rows: list[dict], *args: Any, **kwargs: Any) -> Any:
+        episode = rollout(rows, *args, **kwargs)
+        bar.update(len(rows))
+        return episode
+
+    trainer.rollout = counted
+    try:
+        yield
+    finally:
+        del trainer.rollout
+
+
+def _run_team(
+    cond: Condition, trainer: Any, env: Any, dataset: Any, samples: int, bar: Any
+) -> tuple[list[dict], dict[str, float]]:
+    """The team's evaluate() on the rows, every joint answer kept: (records, evaluate()'s contribution metrics)."""
+    from .trainers.episode import joint_indices
+
+    core = _core(trainer)
+    core.eval_reward_func = scoring_reward(core, env, cond.name)
+    with _counting_rows(core, bar):
+        metrics = trainer.evaluate(dataset, num_generations=samples, max_rows=len(dataset))
+    records = []
+    for episode in core.last_eval_episodes:
+        first, n = episode.turns[0], len(episode.turns[0].samples)
+        g = len(first.samples[0].texts) // len(first.nodes)
+        width = first.rewards.shape[1]
+        combos = joint_indices(n, g, "align" if width == g else "cross")
+        # generated tokens (up to and including the first EOS) of each agent's samples, per turn
+        lengths = [[t.samples[i].completion_mask.sum(dim=1).tolist() for i in range(n)] for t in episode.turns]
+        later: dict[int, float] = {}  # a row's tokens after the first turn, shared by its joint answers
+        for t, turn in enumerate(episode.turns[1:], start=1):
+            for m, node in enumerate(turn.nodes):
+                made = sum(sum(lengths[t][i][m * g : (m + 1) * g]) for i in range(n))
+                later[node.row_id] = later.get(node.row_id, 0.0) + made
+        for m, node in enumerate(first.nodes):
+            for j, combo in enumerate(combos):
+                completions = [first.samples[i].texts[m * g + combo[i]] for i in range(n)]
+                levels = first.levels[m * width + j] if first.levels else {}
+                tokens = sum(lengths[0][i][m * g + combo[i]] for i in range(n)) + later.get(node.row_id, 0.0) / width
+                records.append(
+                    {
+                        "row": node.row_id,
+                        "sample": j,
+                        "reward": float(first.rewards[m, j]),
+                        **{k: float(v) for k, v in levels.items()},
+                        "tokens": tokens,
+                        "completions": completions,
+                    }
+                )
+    extra = {k: float(v) for k, v in metrics.items() if k.startswith(CONTRIBUTION_PREFIX)}
+    return records, extra
+
+
+def _run_baseline(
+    cond: Condition, trainer: Any, cond_env: Any, env: Any, dataset: Any, samples: int, seed: int
+) -> tuple[list[dict], dict[str, float]]:
+    """The baseline on the rows, each row asked ``samples`` times: (records, the mode's own metrics)."""
+    from .cli import make_generate
+    from .engine.sampling import derive_seed
+    from .envs.core.baselines import baseline_rows
+
+    if cond_env.num_agents != env.num_agents:
+        raise ComlrlError(
+            f"condition {cond.name!r}: its config's team has {cond_env.num_agents} agents, the scoring env "
+            f"{env.num_agents}; a baseline answers for the scoring team's roles."
+        )
+    core = _core(trainer)
+    rows = [dict(dataset[r]) for r in range(len(dataset)) for _ in range(samples)]
+    calls: list[list[int]] = []  # the tokens each generate call made per prompt; every call sends one per row
+    generate = make_generate(core, seed=derive_seed(seed, "compare-baseline", cond.mode), tokens=calls)
+    result = baseline_rows(cond_env, cond.mode, generate, rows, reward_func=env.reward_func)
+    tokens = [sum(call[j] for call in calls) for j in range(len(rows))]
+    records = []
+    for j, score in enumerate(result.scores):
+        records.append(
+            {
+                "row": j // samples,
+                "sample": j % samples,
+                "reward": float(score["reward"]),
+                **{k: float(v) for k, v in score.items() if k != "reward"},
+                "tokens": float(tokens[j]),
+                "completions": [answers[j] for answers in result.answers],
+            }
+        )
+    return records, dict(result.metrics)
+
+
+# --- summary -------------------------------------------------------------------------------------------------------
+
+
+def summarize(
+    records: list[dict],
+    names: Sequence[str],
+    reference: str,
+    row_ids: Sequence[int],
+    samples: int,
+    *,
+    seconds: dict[str, float] | None = None,
+    extras: dict[str, dict[str, float]] | None = None,
+    num_resamples: int = NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Each condition's summary from the per-sample ``records`` (``condition``, ``row``, ``reward``, ``level/*``,
+    ``metric/*``, ``tokens``): the reward's mean and interval over rows, the paired difference to ``reference``, the
+    level means, the task metric, tokens and seconds per joint answer. Every condition must hold every row."""
+    by_row: dict[str, dict[int, list[dict]]] = {name: {} for name in names}
+    for r in records:
+        by_row[r["condition"]].setdefault(r["row"], []).append(r)
+    for name in names:
+        missing = [i for i in row_ids if i not in by_row[name]]
+        if missing:
+            raise ComlrlError(
+                f"condition {name!r} has no answer for rows {missing[:5]}: every condition scores every row."
+            )
+    rewards = {name: row_values([[r["reward"] for r in by_row[name][i]] for i in row_ids]) for name in names}
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        rec = [r for i in row_ids for r in by_row[name][i]]
+        keys = list(dict.fromkeys(k for r in rec for k in r))
+        levels = {k: _mean([r.get(k, 0.0) for r in rec]) for k in keys if k.startswith("level/")}
+        task: dict[str, float] = {}
+        for key, metric in TASK_METRICS.items():
+            if key not in keys:
+                continue
+            if metric == "pass":
+                task["pass@1"] = _mean([r.get(key, 0.0) for r in rec])
+                if samples > 1:  # pass@k with k = n samples: a row passes when one of its samples does
+                    task[f"pass@{samples}"] = _mean([max(r.get(key, 0.0) for r in by_row[name][i]) for i in row_ids])
+            else:
+                task[metric] = _mean([r.get(key, 0.0) for r in rec])
+        stats = dict(num_resamples=num_resamples, seed=seed)
+        out[name] = {
+            "reward": bootstrap_mean(rewards[name], **stats).as_dict(),
+            "difference": paired_difference(rewards[name], rewards[reference], **stats).as_dict(),
+            "levels": levels,
+            "task": task,
+            "tokens_per_answer": _mean([r.get("tokens", 0.0) for r in rec]),
+            "seconds_per_answer": (seconds or {}).get(name, math.nan) / len(rec),
+            "extra": dict((extras or {}).get(name, {})),
+        }
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else math.nan
+
+
+# --- outputs ------------------------------------------------------------------------------------------------------
+
+
+def _columns(summary: dict[str, dict]) -> tuple[list[str], list[str], list[str]]:
+    """The level, task and extra columns any condition has, in first-seen order."""
+    levels, task, extra = ({}, {}, {})
+    for s in summary.values():
+        levels.update(dict.fromkeys(s["levels"]))
+        task.update(dict.fromkeys(s["task"]))
+        extra.update(dict.fromkeys(s["extra"]))
+    return list(levels), list(task), list(extra)
+
+
+def _num(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+
+
+def _ci(i: dict) -> str:
+    return f"{_num(i['mean'])} [{_num(i['low'])}, {_num(i['high'])}]"
+
+
+def markdown_table(summary: dict[str, dict], reference: str, level: float = LEVEL) -> str:
+    """One row per condition: team reward [CI], the difference to the reference [CI], levels, task metric, tokens and
+    seconds per joint answer, and any evaluate() contribution metrics."""
+    levels, task, extra = _columns(summary)
+    pct = f"{level * 100:g}%"
+    header = [
+        "condition",
+        f"team reward [{pct} CI]",
+        f"vs {reference} [{pct} CI]",
+        *levels,
+        *task,
+        "tokens / answer",
+        "s / answer",
+        *(k.removeprefix("eval/") for k in extra),
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "|".join("---:" for _ in header[1:]) + "|"]
+    for name, s in summary.items():
+        cells = [
+            name,
+            _ci(s["reward"]),
+            "(reference)" if name == reference else _ci(s["difference"]),
+            *(_num(s["levels"].get(k)) for k in levels),
+            *(_num(s["task"].get(k)) for k in task),
+            _num(s["tokens_per_answer"]),
+            _num(s["seconds_per_answer"]),
+            *(_num(s["extra"].get(k)) for k in extra),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(result: Comparison, out: Path) -> dict[str, Path]:
+    """results.md, results.csv, compare.png, samples.jsonl (every answer) and summary.json in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "markdown": out / "results.md",
+        "csv": out / "results.csv",
+        "plot": out / "compare.png",
+        "samples": out / "samples.jsonl",
+        "summary": out / "summary.json",
+    }
+    s = result.settings
+    lines = [
+        "# Comparison",
+        "",
+        f"{s['rows']} held-out rows of {s['env']} (from {s['scoring_config']}), {s['samples']} answer(s) per row, "
+        f"{s['decoding']}, seed {s['seed']}. Intervals: {s['level'] * 100:g}% percentile bootstrap over rows "
+        f"({s['num_resamples']} resamples); differences are paired over rows, against {result.reference}.",
+        "",
+        result.table(),
+        "",
+        "Conditions:",
+        "",
+        *(f"* {name}: {text}" for name, text in result.descriptions.items()),
+        "",
+        "![comparison](compare.png)",
+        "",
+    ]
+    paths["markdown"].write_text("\n".join(lines))
+    _write_csv(result, paths["csv"])
+    plot(result.summary, result.reference, paths["plot"])
+    with paths["samples"].open("w") as fh:
+        for r in result.records:
+            fh.write(json.dumps(r, default=str) + "\n")
+    paths["summary"].write_text(
+        json.dumps({"settings": s, "reference": result.reference, "conditions": result.summary}, indent=2, default=str)
+    )
+    return paths
+
+
+def _write_csv(result: Comparison, path: Path) -> None:
+    levels, task, extra = _columns(result.summary)
+    header = [
+        "condition",
+        "kind",
+        "reward_mean",
+        "reward_low",
+        "reward_high",
+        "difference_mean",
+        "difference_low",
+        "difference_high",
+        *levels,
+        *task,
+        "tokens_per_answer",
+        "seconds_per_answer",
+        *extra,
+    ]
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        for name, s in result.summary.items():
+            writer.writerow(
+                [
+                    name,
+                    s.get("kind", ""),
+                    *(s["reward"][k] for k in ("mean", "low", "high")),
+                    *(s["difference"][k] for k in ("mean", "low", "high")),
+                    *(s["levels"].get(k, "") for k in levels),
+                    *(s["task"].get(k, "") for k in task),
+                    s["tokens_per_answer"],
+                    s["seconds_per_answer"],
+                    *(s["extra"].get(k, "") for k in extra),
+                ]
+            )
+
+
+def plot(summary: dict[str, dict], reference: str, path: Path) -> Path:
+    """Bars of each condition's team reward and of its difference to the reference, with interval whiskers."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    from .report import DPI, FIGSIZE
+
+    names = list(summary)
+    fig, axes = plt.subplots(1, 2, figsize=(max(FIGSIZE[0], 1.2 * len(names) + 3), FIGSIZE[1]), dpi=DPI)
+    for ax, (key, title) in zip(axes, (("reward", "team reward"), ("difference", f"difference to {reference}"))):
+        means = [summary[n][key]["mean"] for n in names]
+        errs = [
+            [max(m - summary[n][key]["low"], 0.0) for n, m in zip(names, means)],
+            [max(summary[n][key]["high"] - m, 0.0) for n, m in zip(names, means)],
+        ]
+        colors = ["tab:gray" if n == reference else "tab:blue" for n in names]
+        ax.bar(range(len(names)), means, yerr=errs, capsize=4, color=colors)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_title(title)
+        if key == "difference":
+            ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

@@ -1,0 +1,326 @@
+"""comlrl compare: the bootstrap statistics by hand, then conditions on a tiny model scored on the same rows."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import toy_env
+import yaml
+from tiny import tiny_model, tiny_tokenizer
+
+from comlrl import envs
+from comlrl.algorithms.bootstrap import bootstrap_mean, paired_difference, resample_indices, row_values
+from comlrl.cli import main
+from comlrl.compare import Condition, compare, parse_condition
+from comlrl.envs.core import base
+from comlrl.errors import ComlrlError
+
+# --- the statistics ---------------------------------------------------------------------------------------------
+
+
+def test_row_values_are_the_mean_of_each_rows_samples():
+    assert row_values([[1.0, 0.0], [0.5, 0.5, 0.5], [2.0]]).tolist() == [0.5, 0.5, 2.0]
+    with pytest.raises(ValueError, match="row 1 has no samples"):
+        row_values([[1.0], []])
+
+
+def test_mean_and_paired_difference_by_hand():
+    a, b = [1.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 1.5]
+    assert bootstrap_mean(a).mean == pytest.approx(0.5)
+    diff = paired_difference(a, b)
+    assert diff.mean == pytest.approx((1.0 + 0.0 + 0.0 - 1.0) / 4)
+    assert diff.low <= diff.mean <= diff.high
+
+
+def test_two_rows_interval_spans_the_two_values():
+    # resampled means of rows {0, 1} take the values 0, 0.5 and 1 with probabilities 1/4, 1/2, 1/4: the 2.5% and
+    # 97.5% quantiles of many resamples are 0 and 1
+    interval = bootstrap_mean([0.0, 1.0], num_resamples=4000, seed=1)
+    assert (interval.mean, interval.low, interval.high) == (0.5, 0.0, 1.0)
+
+
+def test_bootstrap_with_a_fixed_seed_matches_a_direct_recomputation():
+    x = np.array([0.2, 0.9, 0.4, 0.4, 0.0, 1.0, 0.7])
+    y = np.array([0.1, 0.5, 0.6, 0.2, 0.0, 0.8, 0.3])
+    rng = np.random.default_rng(7)
+    idx = rng.integers(0, len(x), size=(500, len(x)))
+    means = x[idx].mean(axis=1)
+    diffs = (x - y)[idx].mean(axis=1)
+    got = bootstrap_mean(x, num_resamples=500, seed=7)
+    assert (got.low, got.high) == tuple(np.percentile(means, [2.5, 97.5]))
+    d = paired_difference(x, y, num_resamples=500, seed=7)
+    assert d.mean == pytest.approx(float((x - y).mean()))
+    assert (d.low, d.high) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])), abs=1e-15)
+    # the same seed: the same numbers; another seed: other resamples
+    assert bootstrap_mean(x, num_resamples=500, seed=7) == got
+    assert bootstrap_mean(x, num_resamples=500, seed=8) != got
+    assert (resample_indices(len(x), 500, 7) == idx).all()
+
+
+def test_one_row_and_identical_conditions():
+    assert bootstrap_mean([0.3]).as_dict() == {"mean": 0.3, "low": 0.3, "high": 0.3}
+    x = [0.1, 0.7, 0.35]
+    assert paired_difference(x, x).as_dict() == {"mean": 0.0, "low": 0.0, "high": 0.0}
+
+
+def test_bad_input_names_the_problem():
+    with pytest.raises(ValueError, match="same rows: 2 values against 3"):
+        paired_difference([0.0, 1.0], [0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="row 1 is not finite"):
+        bootstrap_mean([0.0, float("nan")])
+    with pytest.raises(ValueError, match="non-empty"):
+        bootstrap_mean([])
+
+
+# --- baselines row by row -----------------------------------------------------------------------------------------
+
+
+def test_baseline_rows_score_each_row_and_count_its_tokens():
+    from comlrl.envs.core.baselines import baseline_rows, run_baseline
+
+    with toy_env.registered():
+        env = envs.make(toy_env.NAME)
+        rows = [{"prompt": "a"}, {"prompt": "bb"}, {"prompt": "ccc"}]
+
+        def generate(agent, prompts):  # agent 1 writes more on longer prompts
+            return [p if agent else "x" for p in prompts]
+
+        got = baseline_rows(env, "parallel", generate, rows)
+        # agent 1 answers its prompt "<p> More:"; agent 0 answers "x": reward = (len(p) + 6 - 1) / 10
+        assert [s["reward"] for s in got.scores] == pytest.approx([0.6, 0.7, 0.8])
+        assert [s["level/longer"] for s in got.scores] == [1.0, 1.0, 1.0]
+        assert got.answers[0] == ["x", "x", "x"] and got.answers[1][2] == "ccc More:"
+        assert got.tokens == [1 + 2, 1 + 2, 1 + 2]  # whitespace tokens of both agents' answers per row
+        seq = baseline_rows(env, "sequential", generate, rows)
+        assert seq.tokens[0] > got.tokens[0]  # agent 1 echoes a prompt that shows agent 0's answer
+        metrics = run_baseline(env, "parallel", generate, rows)  # the aggregate path is unchanged
+        assert metrics["reward/mean"] == pytest.approx(0.7) and metrics["tokens/per_task"] == pytest.approx(3.0)
+
+
+# --- conditions on a tiny model -----------------------------------------------------------------------------------
+
+SPLIT = "toy-split"
+
+
+class SplitToy(toy_env.ToyEnv):
+    """The toy env with a single-agent format: one answer, cut in half into the two roles."""
+
+    name = SPLIT
+
+    def formatters(self):
+        return [self.single_formatter()] if self.num_agents == 1 else super().formatters()
+
+    def single_formatter(self):
+        return lambda row: row["prompt"] + " Both:"
+
+    def split_single(self, answer, row):
+        half = len(answer) // 2
+        return [answer] if self.num_agents == 1 else [answer[:half], answer[half:]]
+
+
+def _config(path, rows, model, **top):
+    cfg_path = toy_env.write_config(path, rows, model, max_steps=1, save_steps=0)
+    cfg = yaml.safe_load(Path(cfg_path).read_text())
+    cfg["env"]["name"] = SPLIT
+    cfg["data"]["eval_limit"] = 4
+    cfg["evaluation"] = {"before": False, "after": False}
+    cfg.update(top)
+    Path(cfg_path).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg_path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny model, a team config and a single-agent config of the split toy env, a trained run of each."""
+    base.register(SPLIT, SplitToy)
+    root = tmp_path_factory.mktemp("compare")
+    model = root / "model"
+    tiny_model().save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    rows = toy_env.write_rows(root / "rows.jsonl", n=10)
+    team_cfg = _config(root / "team.yaml", rows, str(model))
+    # the env's single-agent form: one model writes both parts, the team's reward scores its split answer
+    solo_cfg = _config(
+        root / "solo.yaml", rows, str(model), num_agents=1, name="solo", env={"name": SPLIT, "format": "single"}
+    )
+    for cfg, run in ((team_cfg, root / "team-run"), (solo_cfg, root / "solo-run")):
+        assert main(["train", cfg, "--set", f"output_dir={run}"]) == 0
+    yield {
+        "root": root,
+        "team_cfg": team_cfg,
+        "solo_cfg": solo_cfg,
+        "team": root / "team-run",
+        "solo": root / "solo-run",
+    }
+    base.ENVS.pop(SPLIT, None)
+
+
+@pytest.fixture(scope="module")
+def comparison(setup):
+    s = setup
+    return compare(
+        [
+            f"team=run:{s['team']}",
+            f"untrained:{s['team_cfg']}",
+            f"again=untrained:{s['team_cfg']}",
+            f"baseline:parallel@{s['team_cfg']}",
+            f"baseline:single@{s['team']}",
+            f"solo=run:{s['solo']}",
+        ],
+        rows=3,
+        samples=2,
+        temperature=1.0,
+        seed=5,
+        reference="untrained",
+        out=s["root"] / "out",
+        progress=False,
+    )
+
+
+def _by_row(result, name):
+    rows = {}
+    for r in result.records:
+        if r["condition"] == name:
+            rows.setdefault(r["row"], []).append(r)
+    return rows
+
+
+def test_every_condition_answers_the_same_rows(comparison):
+    keys = {r["row"]: r["key"] for r in comparison.rows}
+    assert sorted(keys) == [0, 1, 2] and len(set(keys.values())) == 3
+    for name in comparison.summary:
+        rows = _by_row(comparison, name)
+        assert sorted(rows) == [0, 1, 2], name
+        for row, recs in rows.items():
+            assert [r["sample"] for r in recs] == [0, 1], name
+            assert {r["key"] for r in recs} == {keys[row]}, name
+    assert comparison.settings["decoding"] == "sampling at temperature 1"
+
+
+def test_answers_are_scored_by_the_scoring_env(comparison):
+    for r in comparison.records:
+        parts = r["completions"]
+        if r["condition"] == "solo":  # one model's answer, split into the two roles by the env
+            (whole,) = parts
+            parts = [whole[: len(whole) // 2], whole[len(whole) // 2 :]]
+        assert r["reward"] == pytest.approx((len(parts[1]) - len(parts[0])) / 10.0), r["condition"]
+        assert r["level/longer"] == float(len(parts[1]) > len(parts[0]))
+        assert 0 < r["tokens"] <= 2 * 6  # generated tokens of the joint answer: max_new_tokens=6 per call
+
+
+def test_table_numbers_match_a_hand_computation(comparison):
+    ref = np.array(
+        [np.mean([r["reward"] for r in recs]) for _, recs in sorted(_by_row(comparison, "untrained").items())]
+    )
+    for name, s in comparison.summary.items():
+        rows = _by_row(comparison, name)
+        values = np.array([np.mean([r["reward"] for r in rows[i]]) for i in (0, 1, 2)])
+        assert s["reward"]["mean"] == pytest.approx(values.mean())
+        assert s["difference"]["mean"] == pytest.approx(values.mean() - ref.mean())
+        idx = np.random.default_rng(5).integers(0, 3, size=(2000, 3))
+        assert s["reward"]["low"] == pytest.approx(np.percentile(values[idx].mean(axis=1), 2.5))
+        assert s["difference"]["high"] == pytest.approx(np.percentile((values - ref)[idx].mean(axis=1), 97.5))
+        longer = [r["level/longer"] for i in (0, 1, 2) for r in rows[i]]
+        assert s["levels"]["level/longer"] == pytest.approx(np.mean(longer))
+        assert s["tokens_per_answer"] == pytest.approx(np.mean([r["tokens"] for i in rows for r in rows[i]]))
+        assert s["seconds_per_answer"] > 0
+    # the same models, decoding and seed answer alike: the paired difference is exactly 0 with interval [0, 0]
+    assert comparison.summary["again"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    assert comparison.summary["untrained"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    assert comparison.summary["team"]["description"].startswith(str(comparison.conditions[0].target))
+
+
+def test_outputs_hold_a_run_and_baselines_in_one_table(comparison, setup):
+    out = setup["root"] / "out"
+    md = (out / "results.md").read_text()
+    for name in ("team", "untrained", "parallel", "single", "solo"):
+        assert f"| {name} | " in md
+    assert "| untrained | " in md and "(reference)" in md and "level/longer" in md and "vs untrained" in md
+    team = comparison.summary["team"]["reward"]
+    assert f"{team['mean']:.3f} [{team['low']:.3f}, {team['high']:.3f}]" in md
+    with (out / "results.csv").open() as fh:
+        table = {row["condition"]: row for row in csv.DictReader(fh)}
+    assert list(table) == ["team", "untrained", "again", "parallel", "single", "solo"]
+    assert float(table["team"]["reward_mean"]) == pytest.approx(team["mean"])
+    assert table["parallel"]["kind"] == "baseline" and table["solo"]["kind"] == "run"
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 6 * 3 * 2
+    assert json.loads((out / "summary.json").read_text())["reference"] == "untrained"
+
+
+def test_the_cli_writes_the_folder(setup, capsys):
+    s = setup
+    out = s["root"] / "cli-out"
+    argv = ["compare", f"run:{s['team']}"]
+    argv += [f"baseline:sequential@{s['team_cfg']}", "--rows", "2", "--out", str(out), "--seed", "1"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "sequential" in printed and "team reward [95% CI]" in printed
+    assert (out / "results.md").is_file() and (out / "results.csv").is_file() and (out / "compare.png").is_file()
+    assert main(["compare", str(s["team"]), "--rows", "2", "--samples", "2", "--out", str(out)]) == 2
+    assert "greedy answers repeat" in capsys.readouterr().err
+
+
+def test_condition_syntax(setup):
+    s = setup
+    assert parse_condition(f"x=run:{s['team']}@4") == Condition("x", "run", str(s["team"]), 4)
+    assert parse_condition(str(s["team"])).kind == "run"
+    assert parse_condition(s["team_cfg"]) == Condition("untrained", "untrained", s["team_cfg"])
+    c = parse_condition(f"baseline:discussion@{s['team_cfg']}")
+    assert (c.name, c.mode, c.target) == ("discussion", "discussion", s["team_cfg"])
+    for bad, message in [
+        (f"baseline:solo@{s['team_cfg']}", "baseline:MODE@TARGET"),
+        ("run:/no/such/dir", "not a run directory"),
+        ("untrained:/no/such.yaml", "not a file"),
+    ]:
+        with pytest.raises(ComlrlError, match=message):
+            parse_condition(bad)
+    with pytest.raises(ComlrlError, match="two conditions are named 'untrained'"):
+        compare([s["team_cfg"], s["team_cfg"]], rows=1, progress=False)
+    with pytest.raises(ComlrlError, match="reference 'nope' is not a condition"):
+        compare([s["team_cfg"]], reference="nope", progress=False)
+    with pytest.raises(ComlrlError, match="has 4 evaluation rows"):
+        compare([s["team_cfg"]], rows=9, progress=False)
+
+
+def test_summary_by_hand_with_a_task_metric_and_contribution_columns():
+    from comlrl.compare import markdown_table, summarize
+
+    def rec(name, row, reward, passed):
+        return {"condition": name, "row": row, "reward": reward, "level/run": 1.0, "metric/pass": passed, "tokens": 4}
+
+    records = [
+        rec("a", 0, 1.0, 1.0),
+        rec("a", 0, 0.0, 0.0),
+        rec("a", 1, 0.0, 0.0),
+        rec("a", 1, 0.0, 0.0),
+        rec("b", 0, 0.5, 0.0),
+        rec("b", 0, 0.5, 0.0),
+        rec("b", 1, 1.0, 1.0),
+        rec("b", 1, 1.0, 1.0),
+    ]
+    extras = {"b": {"eval/contribution/agent_0/empty/mean": 0.25}}
+    s = summarize(records, ["a", "b"], "a", [0, 1], 2, seconds={"a": 2.0, "b": 4.0}, extras=extras)
+    # rows of a: 0.5, 0.0 -> 0.25; rows of b: 0.5, 1.0 -> 0.75; paired differences 0.0 and 1.0 -> 0.5
+    assert s["a"]["reward"]["mean"] == 0.25 and s["b"]["reward"]["mean"] == 0.75
+    assert s["b"]["difference"]["mean"] == 0.5 and s["a"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    assert (s["b"]["difference"]["low"], s["b"]["difference"]["high"]) == (0.0, 1.0)
+    assert s["a"]["task"] == {"pass@1": 0.25, "pass@2": 0.5} and s["b"]["task"] == {"pass@1": 0.5, "pass@2": 0.5}
+    assert s["a"]["seconds_per_answer"] == 0.5 and s["b"]["tokens_per_answer"] == 4
+    table = markdown_table(s, "a")
+    assert "| pass@1 | pass@2 |" in table and "contribution/agent_0/empty/mean" in table
+    assert (
+        "| b | 0.750 [0.500, 1.000] | 0.500 [0.000, 1.000] | 1.000 | 0.500 | 0.500 | 4.000 | 1.000 | 0.250 |" in table
+    )
+    with pytest.raises(ComlrlError, match=r"condition 'b' has no answer for rows \[1\]"):
+        summarize(records[:6], ["a", "b"], "a", [0, 1], 2)
+
+
+def test_compare_help():
+    with pytest.raises(SystemExit) as done:
+        main(["compare", "--help"])
+    assert done.value.code == 0
