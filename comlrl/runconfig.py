@@ -13,6 +13,7 @@ model is loaded. Schema (every key optional except ``env.name``)::
     env:
       name: tldr                  # comlrl.envs.list_envs()
       options: {}                 # keyword options of comlrl.envs.make(name, ...)
+      format: team                # team, or single: one model writes every part (the equal-budget control)
     data:
       source: null                # local JSON/JSONL/parquet (relative to this file) or a hub id; null = env default
       split: null                 # split of source (null = the environment's default)
@@ -22,7 +23,7 @@ model is loaded. Schema (every key optional except ``env.name``)::
       eval_limit: 8               # evaluation rows (0 = no evaluation)
     model: embedded               # one source copied into every agent: 'embedded', a local dir, .gguf or hub id
     agents: null                  # or one source per agent (a heterogeneous team); excludes model
-    num_agents: 2                 # team size with model (default 2, or len(agents))
+    num_agents: 2                 # team size with model (default 2, or len(agents); 1 with env.format single)
     tokenizer: null               # one tokenizer source or one per agent (default: each model's own)
     lora: null                    # peft.LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: [q_proj, v_proj]}
     training: {}                  # fields of the algorithm's config class (comlrl.config), e.g. learning_rate
@@ -153,6 +154,11 @@ def get_algorithm(name: str) -> Algorithm:
 class EnvSection:
     name: str = help_field("", "Environment name (`comlrl envs` lists them).")
     options: dict = help_field({}, "Keyword options of comlrl.envs.make(name, ...), e.g. {transition: passed}.")
+    format: str = help_field(
+        "team",
+        "team: one model per agent; single: one model writes every part from the env's single-agent prompt, the "
+        "team reward scoring its split parts (num_agents 1, single-turn; the equal-budget control of a team).",
+    )
 
 
 @dataclass
@@ -197,7 +203,9 @@ class RunConfig:
         None, "One model source for every agent: 'embedded', a local dir / .gguf, or a hub id."
     )
     agents: list | None = help_field(None, "One model source per agent (heterogeneous team); excludes model.")
-    num_agents: int | None = help_field(None, "Team size when model is given (default 2, or len(agents)).")
+    num_agents: int | None = help_field(
+        None, "Team size when model is given (default 2, or len(agents); 1 with env.format: single)."
+    )
     tokenizer: Any = help_field(None, "One tokenizer source, or one per agent (default: each model's own).")
     lora: dict | None = help_field(None, "peft.LoraConfig fields; each agent gets its own adapter on a frozen base.")
     training: dict = help_field({}, "Fields of the algorithm's config class (learning_rate, num_generations, ...).")
@@ -220,7 +228,7 @@ class RunConfig:
     def team_size(self) -> int:
         if self.agents is not None:
             return len(self.agents)
-        return self.num_agents or 2
+        return self.num_agents or (1 if self.env.format == "single" else 2)
 
     def trainer_kwargs(self, env_defaults: dict | None = None) -> dict[str, Any]:
         """The trainer config's fields: env defaults under the ``training`` section."""
@@ -438,7 +446,7 @@ def validate(cfg: RunConfig) -> None:
     _check_keys(cfg.training, _field_names(config_cls), "training")
     if "output_dir" in cfg.training:
         raise ConfigError("training.output_dir: set the top-level output_dir instead (the run directory).")
-    args = cfg.trainer_config(env_defaults=_env_defaults(cfg.env.name))
+    args = cfg.trainer_config(env_defaults=_env_defaults(cfg.env))
     fixed = getattr(algo.trainer_class(), "fixed_advantage_mode", None)
     if fixed is not None and getattr(args, "advantage_mode", fixed) != fixed:
         raise ConfigError(
@@ -457,10 +465,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("data.limit must be >= 1 (or null) and data.eval_limit >= 0.")
     if cfg.lora is not None:
         _validate_lora(cfg)
+    if cfg.env.format == "single":
+        _validate_single(cfg, args)
 
 
 def _validate_env(cfg: RunConfig) -> None:
     from .envs import env_options, list_envs
+    from .envs.core.single import FORMATS
 
     names = list_envs()
     if cfg.env.name not in names:
@@ -472,12 +483,40 @@ def _validate_env(cfg: RunConfig) -> None:
     if not isinstance(cfg.env.options, dict):
         raise ConfigError(f"env.options: expected a mapping, got {cfg.env.options!r}.")
     _check_keys(cfg.env.options, valid, "env.options")
+    if cfg.env.format not in FORMATS:
+        raise ConfigError(
+            f"env.format: unknown '{cfg.env.format}'.{suggest(str(cfg.env.format), list(FORMATS))} "
+            f"Available: {', '.join(FORMATS)}."
+        )
 
 
-def _env_defaults(name: str) -> dict:
+def _validate_single(cfg: RunConfig, args: TrainConfig) -> None:
+    """env.format single: one decentralized agent, one turn."""
+    if cfg.team_size != 1:
+        field = f"agents lists {len(cfg.agents)} models" if cfg.agents is not None else f"num_agents={cfg.num_agents}"
+        raise ConfigError(
+            f"{field} with env.format: single: one model writes every part; set num_agents: 1 (or leave it out)."
+        )
+    if cfg.algo.name == "centralized_magrpo":
+        raise ConfigError(
+            "algorithm: centralized_magrpo with env.format: single: both make one model write every part; use "
+            "env.format: team with centralized_magrpo, or algorithm: magrpo with env.format: single."
+        )
+    if getattr(args, "num_turns", 1) > 1:
+        raise ConfigError(
+            f"training.num_turns={args.num_turns} with env.format: single: the single-agent form is single-turn "
+            "(a team's transition writes one prompt per agent); set training.num_turns: 1."
+        )
+
+
+def _env_defaults(env: EnvSection) -> dict:
+    """The environment's suggested settings, as ``envs.make`` builds them for ``env.format``."""
     from .envs import ENVS
+    from .envs.core.single import default_team_size, single_defaults
 
-    return dict(getattr(ENVS[name], "defaults", {}) or {})
+    cls = ENVS[env.name]
+    defaults = dict(getattr(cls, "defaults", {}) or {})
+    return single_defaults(defaults, default_team_size(cls)) if env.format == "single" else defaults
 
 
 def _validate_lora(cfg: RunConfig) -> None:
@@ -492,7 +531,7 @@ def resolved(cfg: RunConfig, output_dir: str | None = None) -> dict[str, Any]:
     out = cfg.to_dict()
     if output_dir is not None:
         out["output_dir"] = output_dir
-    args = cfg.trainer_config(env_defaults=_env_defaults(cfg.env.name))
+    args = cfg.trainer_config(env_defaults=_env_defaults(cfg.env))
     training = args.to_dict()
     training.pop("output_dir", None)
     out["training"] = training

@@ -1,4 +1,5 @@
-"""Regenerate the example configs configs/<env>_<algorithm>.yaml (python configs/make_configs.py).
+"""Regenerate the example configs configs/<env>_<algorithm>.yaml and each env's equal-budget single agent
+configs/<env>_single_grpo.yaml (python configs/make_configs.py).
 
 Each is a small, working starting point: the embedded SmolLM2-135M team, the environment's data
 (source null: the rows shipped in the package, comlrl/envs/packaged.py, so they run offline from a
@@ -205,18 +206,52 @@ def data_section(source=None, split=None, limit=None, eval_split="holdout", eval
     return "\n".join(lines)
 
 
+def team_config(env: str, algorithm: str, spec: dict) -> str:
+    """The TEMPLATE filled in for one env and algorithm."""
+    return TEMPLATE.format(
+        env=env,
+        algorithm=algorithm,
+        algo_note=ALGORITHMS[algorithm],
+        data=data_section(**spec),
+        note=spec["note"],
+        max_new_tokens=spec["max_new_tokens"],
+    )
+
+
+def single_config(env: str, spec: dict) -> str:
+    """configs/<env>_single_grpo.yaml: the equal-budget control of <env>_magrpo.yaml. One model writes every part
+    (env.format single: the env's single-agent prompt, the team reward on its split parts), trained by GRPO (magrpo
+    with one agent) on the same rows, steps, samples per row and seed; max_new_tokens is the team's per-agent
+    limit x its 2 agents, the most new tokens a team's joint answer has."""
+    team = team_config(env, "magrpo", spec)
+    body = team[team.index("env:") :]
+    replaced = {
+        f"  name: {env}\n": f"  name: {env}\n  format: single          # one model writes every part; the team reward scores them\n",
+        "num_agents: 2\n": "num_agents: 1\n",
+        "copied into each agent": "trained as the single agent",
+        f"max_new_tokens: {spec['max_new_tokens']}\n": f"max_new_tokens: {2 * spec['max_new_tokens']}"
+        "   # the team's per-agent limit x 2 agents: the same tokens per joint answer\n",
+    }
+    for old, new in replaced.items():
+        assert body.count(old) == 1, old
+        body = body.replace(old, new)
+    head = (
+        f"# {env} x single_grpo: the equal-budget control of {env}_magrpo.yaml: one model writes every part, trained\n"
+        "# with GRPO on the team's reward, rows, steps, samples per row and new tokens per joint answer.\n"
+        f"# {spec['note']}\n"
+        f"# Run: comlrl train configs/{env}_single_grpo.yaml   (override anything with --set key=value)\n"
+        f"name: {env}-single_grpo\n"
+        "algorithm: magrpo         # GRPO: MAGRPO with one agent\n"
+    )
+    return head + body
+
+
 def main() -> None:
     here = Path(__file__).parent
     for env, spec in ENVS.items():
-        for algorithm, algo_note in ALGORITHMS.items():
-            text = TEMPLATE.format(
-                env=env,
-                algorithm=algorithm,
-                algo_note=algo_note,
-                data=data_section(**spec),
-                note=spec["note"],
-                max_new_tokens=spec["max_new_tokens"],
-            )
+        (here / f"{env}_single_grpo.yaml").write_text(single_config(env, spec))
+        for algorithm in ALGORITHMS:
+            text = team_config(env, algorithm, spec)
             if algorithm in CRITIC:
                 text += CRITIC[algorithm]
             if algorithm == "centralized_magrpo":  # one completion holds every role's answer

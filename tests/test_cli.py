@@ -38,7 +38,9 @@ def test_every_example_config_loads_and_validates():
     assert expected <= {f.name for f in files}
     for path in files:
         cfg = runconfig.load_config(path)
-        if path.stem != "quickstart":
+        if path.stem.endswith("_single_grpo"):  # the equal-budget single agent: GRPO is magrpo with one agent
+            assert (cfg.env.name, cfg.algorithm, cfg.env.format) == (path.stem.split("_")[0], "magrpo", "single")
+        elif path.stem != "quickstart":
             env, algo = path.stem.split("_", 1)
             assert (cfg.env.name, cfg.algorithm) == (env, algo)
         args = cfg.trainer_config()

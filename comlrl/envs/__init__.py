@@ -19,6 +19,8 @@ a hub id or a local JSON/JSONL/parquet file as ``source`` reads that instead.
 
 Each environment: ``load_dataset(source, split, limit)``, ``formatters()``, ``reward_func`` (batched,
 with ``score`` for per-level metrics), ``external_transition`` (code tasks), ``evaluate(...)``.
+``make(name, format="single")`` is any environment's single-agent training form (:mod:`.core.single`): one model
+writes every part, the team reward scores the parts ``split_single`` makes of its answer.
 Rewards are documented in their modules (:mod:`.writing`, :mod:`.coding.functions`, :mod:`.coding.classeval`,
 :mod:`.coding.codetest`, :mod:`.bfcl`, :mod:`.blocks`).
 

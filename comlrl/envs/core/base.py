@@ -240,9 +240,17 @@ def _lookup(name: str) -> type[Env]:
     return ENVS[name]
 
 
-def make(name: str, num_agents: int = 2, **options: Any) -> Env:
-    """Build the environment ``name`` for ``num_agents`` agents; ``options`` are environment-specific."""
+def make(name: str, num_agents: int | None = None, *, format: str = "team", **options: Any) -> Env:
+    """Build the environment ``name``; ``options`` are environment-specific.
+
+    ``format``: ``"team"`` (default) builds it for ``num_agents`` agents (default 2); ``"single"`` builds the team
+    (its default size) as one agent that writes every part, the team reward scoring ``split_single``'s parts
+    (:mod:`.single`: the equal-budget control of a team; ``num_agents`` must be 1 or left out).
+    """
+    from .single import SingleAgentEnv, check_format
+
     cls = _lookup(name)
+    count = check_format(name, format, num_agents)
     valid = env_options(name)
     for key in options:
         if key not in valid:
@@ -251,4 +259,6 @@ def make(name: str, num_agents: int = 2, **options: Any) -> Env:
             raise ComlrlError(
                 f"environment '{name}': unknown option '{key}'.{hint} Options: {', '.join(sorted(valid)) or 'none'}."
             )
-    return cls(num_agents=num_agents, **options)
+    if format == "single":
+        return SingleAgentEnv(cls(**options))
+    return cls(num_agents=count, **options)
