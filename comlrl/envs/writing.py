@@ -49,7 +49,10 @@ Score keys (each level as the fraction of its points earned): ``level/structure`
 ``level/distinct``, ``level/style``; raw measures ``metric/tokens_1``, ``metric/tokens_2`` (all tokens
 written), ``metric/counted_1``, ``metric/counted_2`` (share of the output's sentence characters that count),
 ``metric/length_ratio``, ``metric/distinct_ratio``, ``metric/transition_categories``, ``metric/jaccard``.
-:func:`score_writing` is the published form alone (whole texts, no task check), for reference.
+:func:`score_writing` is the published form alone (whole texts, no task check); ``make("tldr", reward="published")``
+scores with it, to reproduce published numbers (it pays for echoed prompts, copied text and keyword lists; measured
+in docs/environments.md), and arxiv's ``reward="published_v1"`` with the length band of the published code's first
+release (full on [1.0, 1.3], ramps on [0.8, 1.0) and (1.3, 1.5]). The strict reward above is the default.
 
 Without a source (a row with no post / abstract, or no ``batch_items``) the "about the text" check is
 skipped (the other two still apply) and a warning is logged once.
@@ -170,6 +173,8 @@ TLDR_TIERS = WritingTiers(
 ARXIV_TIERS = WritingTiers(
     tokens=(128, 256), length=(0.8, 1.3, 1.6, 2.0), distinct=(0.5, 0.7, 1.3, 1.7), transitions_in_both=True
 )
+# the arxiv length band of the published code's first release (1.3-1.6 in its later releases, as above)
+ARXIV_FIRST_TIERS = dataclasses.replace(ARXIV_TIERS, length=(0.8, 1.0, 1.3, 1.5))
 
 LEVELS = ("level/structure", "level/length", "level/distinct", "level/style")
 
@@ -424,11 +429,19 @@ class WritingReward(TeamReward):
     level_names = LEVELS
 
     def __init__(
-        self, num_agents: int, name: str, tiers: WritingTiers, context: Callable[[dict], TaskContext] | None = None
+        self,
+        num_agents: int,
+        name: str,
+        tiers: WritingTiers,
+        context: Callable[[dict], TaskContext] | None = None,
+        *,
+        published: bool = False,
     ) -> None:
-        """``context``: a row's :class:`TaskContext` (its source and prompts); None checks no source."""
+        """``context``: a row's :class:`TaskContext` (its source and prompts); None checks no source.
+        ``published``: score the whole texts (:func:`score_writing`, no task check) instead of :func:`score_task`."""
         super().__init__(num_agents, name)
         self.tiers = tiers
+        self.published = published
         self.max_reward = sum(tiers.weights)
         self.context = context or _no_context
         self._warned = False
@@ -438,6 +451,8 @@ class WritingReward(TeamReward):
             pairs = [split_marked(a) for a in agent_completions[0]]
         else:
             pairs = list(zip(agent_completions[0], agent_completions[1]))
+        if self.published:
+            return [score_writing(c1, c2, self.tiers) for c1, c2 in pairs]
         contexts = [self.context(row) for row in rows]
         if not self._warned and any(c.source_stems is None for c in contexts):
             self._warned = True
@@ -458,17 +473,28 @@ class WritingEnv(Env):
     agent_counts = (1, 2)
     hub_id: str = ""
     tiers: WritingTiers
+    #: the published forms selectable by ``reward=`` besides "strict": their tiers, scored on the whole texts
+    published_tiers: Mapping[str, WritingTiers]
     prompts: tuple[str, str, str]  # agent 1, agent 2, single agent; each with {text}
 
-    def __init__(self, num_agents: int = 2, *, jaccard_cap: float | None = None) -> None:
-        """``jaccard_cap``: Jaccard similarity that earns the full overlap score (default 0.03, as specified;
+    def __init__(self, num_agents: int = 2, *, reward: str = "strict", jaccard_cap: float | None = None) -> None:
+        """``reward``: "strict" (the tiers on the sentences that do the task, module docstring) or a published form
+        (``published_tiers``: the tiers on the whole texts, no task check, to reproduce published numbers).
+        ``jaccard_cap``: Jaccard similarity that earns the full overlap score (default 0.03, as specified;
         the published arxiv code used 0.23)."""
         super().__init__(num_agents)
+        valid = ["strict", *self.published_tiers]
+        if reward not in valid:
+            close = difflib.get_close_matches(str(reward), valid, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ComlrlError(f"{self.name}: unknown reward '{reward}'.{hint} Valid: {', '.join(valid)}.")
         if jaccard_cap is not None and not 0 < jaccard_cap <= 1:
             raise ValueError(f"{self.name}: jaccard_cap must be in (0, 1], got {jaccard_cap}.")
-        tiers = self.tiers if jaccard_cap is None else dataclasses.replace(self.tiers, jaccard_cap=jaccard_cap)
+        tiers = self.tiers if reward == "strict" else self.published_tiers[reward]
+        tiers = tiers if jaccard_cap is None else dataclasses.replace(tiers, jaccard_cap=jaccard_cap)
+        self.reward = reward
         self._contexts: dict[str | None, TaskContext] = {}
-        self.reward_func = WritingReward(num_agents, self.name, tiers, self.task_context)
+        self.reward_func = WritingReward(num_agents, self.name, tiers, self.task_context, published=reward != "strict")
         self.external_transition = None
 
     def _text(self, row: dict) -> str:
@@ -532,6 +558,7 @@ class TldrEnv(WritingEnv):
     hub_id = "trl-lib/tldr"
     default_data = f"{PACKAGED['tldr'].describe()}; online: source={hub_id}"
     tiers = TLDR_TIERS
+    published_tiers = {"published": TLDR_TIERS}
     prompts = (
         "Summarize the Reddit post below in one or two short, factual sentences. A teammate writes a longer, "
         "detailed summary of the same post, so keep yours brief.\n\n{text}\n\nConcise summary:",
@@ -586,6 +613,7 @@ class ArxivEnv(WritingEnv):
     hub_id = "OpenMLRL/arXiv_abstract"
     default_data = f"{PACKAGED['arxiv'].describe()}; online: source={hub_id}"
     tiers = ARXIV_TIERS
+    published_tiers = {"published": ARXIV_TIERS, "published_v1": ARXIV_FIRST_TIERS}
     prompts = (
         "You and a teammate are writing the introduction of a research paper from its abstract. Write the first "
         "part: the background and motivation (the problem, why it matters, what was missing before). Your "
