@@ -5,6 +5,7 @@
     comlrl train CONFIG --set output_dir=runs/a --resume      # continue a killed run from its newest checkpoint
     comlrl eval RUN_DIR [--checkpoint N]                     # the run's trained models -> RUN_DIR/eval_final.json
     comlrl eval CONFIG [--baseline single|parallel|sequential|discussion|centralized ...]  # config's model, untrained
+    comlrl compare run:RUN_DIR baseline:single@CONFIG ... --rows 40 --out DIR  # conditions on the same rows
     comlrl report RUN_DIR                                     # plots + report.md from a run directory
     comlrl envs                                               # the environments, their options and defaults
 
@@ -36,7 +37,7 @@ BASELINES = ("single", "parallel", "sequential", "discussion", "centralized")
 def make_env(cfg: runconfig.RunConfig) -> Any:
     from . import envs
 
-    return envs.make(cfg.env.name, num_agents=cfg.team_size, **cfg.env.options)
+    return envs.make(cfg.env.name, num_agents=cfg.team_size, format=cfg.env.format, **cfg.env.options)
 
 
 def load_data(cfg: runconfig.RunConfig, env: Any) -> tuple[Any, Any]:
@@ -378,17 +379,27 @@ def trained_models(run_dir: Path, step: int | None, num_agents: int) -> Path:
     return folder
 
 
-def make_generate(trainer: Any, batch_size: int = 8) -> Any:
-    """``generate(agent_index, prompts) -> completions`` with the trainer's agents (greedy unless eval_do_sample)."""
+def make_generate(
+    trainer: Any, batch_size: int = 8, *, seed: int | None = None, tokens: list[list[int]] | None = None
+) -> Any:
+    """``generate(agent_index, prompts) -> completions`` with the trainer's agents (greedy unless eval_do_sample).
+
+    ``seed``: prompt j of the generator's k-th call samples from its own stream keyed by (seed, agent, k, j), so what
+    it samples does not depend on the batch size or on what ran before (None: the global RNG). ``tokens``: each call
+    appends the tokens it generated per prompt (up to and including the first EOS)."""
     from tqdm.auto import tqdm
 
     from .engine.rollout import generate as generate_batch
+    from .engine.sampling import derive_seed
 
     settings = trainer.generation_settings(train=False)
+    calls = [0]
 
     def generate(agent_index: int, prompts: list[str]) -> list[str]:
         agent = trainer.agents[agent_index]
+        call, calls[0] = calls[0], calls[0] + 1
         out: list[str] = []
+        counts: list[int] = []
         bar = tqdm(
             range(0, len(prompts), batch_size),
             desc=f"generate agent {agent_index}",
@@ -398,13 +409,40 @@ def make_generate(trainer: Any, batch_size: int = 8) -> Any:
         for lo in bar:
             batch = prompts[lo : lo + batch_size]
             adapters = [agent.adapter] * len(batch) if agent.adapter is not None else None
+            seeds = None if seed is None else [derive_seed(seed, agent_index, call, lo + j) for j in range(len(batch))]
             samples = generate_batch(
-                agent.model, agent.tokenizer, batch, 1, settings, agent.chat, trainer.rollout_dtype, adapters
+                agent.model, agent.tokenizer, batch, 1, settings, agent.chat, trainer.rollout_dtype, adapters, seeds
             )
             out.extend(samples.texts)
+            counts.extend(int(n) for n in samples.completion_mask.sum(dim=1))
+        if tokens is not None:
+            tokens.append(counts)
         return out
 
     return generate
+
+
+# --- compare ---------------------------------------------------------------------------------------
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from .compare import compare
+
+    result = compare(
+        ns.conditions,
+        rows=ns.rows,
+        samples=ns.samples,
+        reference=ns.reference,
+        temperature=ns.temperature,
+        seed=ns.seed,
+        out=ns.out,
+        config=ns.config,
+        overrides=ns.set,
+        num_resamples=ns.resamples,
+    )
+    print(result.table())
+    print(f"results: {Path(ns.out) / 'results.md'}")
+    return 0
 
 
 # --- report and envs -------------------------------------------------------------------------------
@@ -530,6 +568,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", **setting)
     p.add_argument("--output", help="Also write the results as JSON to this file.")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "compare",
+        help="Evaluate conditions (trained runs, untrained teams, baselines) on the same rows, with intervals.",
+        formatter_class=raw,
+        description="Every condition answers the same held-out rows (the first --rows evaluation rows of the "
+        "first condition's config, or of --config), with the same decoding and --samples answers per row, scored "
+        "by that config's env. Writes OUT/results.md (a table: team reward with a 95% bootstrap interval over "
+        "rows, the paired difference to --reference, each reward level, the task metric, tokens and seconds per "
+        "joint answer), results.csv, compare.png, samples.jsonl and summary.json.",
+        epilog="""conditions ([NAME=]KIND:TARGET):
+  run:DIR                the run's final models; run:DIR@STEP its checkpoint-STEP (a run with num_agents=1:
+                         a trained single agent, its answers split into the roles by the env)
+  untrained:CONFIG       the config's models, untrained
+  baseline:MODE@TARGET   MODE in single, parallel, sequential, discussion, centralized, with the models of
+                         TARGET (a config: untrained; a run directory: trained)
+  DIR | CONFIG           a bare run directory is run:DIR, a bare file untrained:CONFIG
+  NAME=CONDITION         the label in the table (default: the run directory's name, 'untrained' or the mode)
+example:
+  comlrl compare team=run:runs/tldr-a untrained:configs/tldr_magrpo.yaml \\
+      baseline:single@configs/tldr_magrpo.yaml --rows 40 --samples 4 --temperature 0.7 --out compare/tldr""",
+    )
+    p.add_argument("conditions", nargs="+", metavar="CONDITION", help="What to evaluate (syntax below).")
+    p.add_argument("--rows", type=int, metavar="N", help="The first N evaluation rows (default: all of them).")
+    p.add_argument("--samples", type=int, default=1, metavar="K", help="Answers per row (K > 1 needs --temperature).")
+    p.add_argument("--reference", metavar="NAME", help="The condition the others are compared to (default: first).")
+    p.add_argument("--out", required=True, metavar="DIR", help="The folder the results are written to.")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="Sample at temperature T (plain sampling: no top-p, top-k or penalty); 0 (default): greedy.",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="Sampling and bootstrap seed (default 0).")
+    p.add_argument("--resamples", type=int, default=2000, metavar="B", help="Bootstrap resamples (default 2000).")
+    p.add_argument(
+        "--config",
+        metavar="CONFIG|RUN_DIR",
+        help="Whose env scores every answer and whose evaluation rows are used (default: the first condition's).",
+    )
+    p.add_argument("--set", **{**setting, "help": "Override a key of every condition's config. Repeatable."})
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser(
         "report",

@@ -146,6 +146,15 @@ class TrainConfig:
     eval_num_generations: int = help_field(1, "Samples per agent per prompt in evaluation.")
     eval_max_rows: int | None = help_field(None, "Evaluate on at most this many rows of eval_dataset.")
     per_device_eval_batch_size: int = help_field(8, "Dataset rows per evaluation rollout.")
+    eval_contributions: bool = help_field(
+        False,
+        "evaluate() also measures who did what: for each agent, the drop in team reward when its answer is "
+        "replaced by the untrained model's answer to the same prompt (same decoding and seeds; LoRA: the base with "
+        "the adapters off; full fine-tune: the reference, else the initial weights loaded again) or by an empty "
+        "answer. Adds eval/contribution/agent_<i>/{untrained,empty} (row means; _low / _high: 95% bootstrap "
+        "interval) and each sample's 'contribution'. First turn only (num_turns=1); 2 x num_agents more reward "
+        "calls and one more generation per evaluation batch.",
+    )
     logging_steps: int = help_field(1, "Write metrics every N optimizer steps.")
     save_steps: int = help_field(0, "Checkpoint every N optimizer steps (0 = no intermediate checkpoints).")
     save_total_limit: int | None = help_field(2, "Keep at most this many checkpoints (None = all).")
@@ -312,6 +321,12 @@ class TrainConfig:
             (self.temperature > 0, "temperature", "must be > 0"),
             (self.repetition_penalty > 0, "repetition_penalty", "must be > 0"),
             (self.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", "must be >= 1"),
+            (
+                not (self.eval_contributions and self.num_turns > 1),
+                "eval_contributions",
+                f"contributions are measured on the first turn only, and num_turns={self.num_turns}: a later "
+                "turn's prompts depend on the answers replaced (evaluate with num_turns=1)",
+            ),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
             (self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {SCHEDULERS}"),

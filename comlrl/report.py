@@ -265,6 +265,37 @@ def _team(config: dict, rows: list[dict]) -> str:
     return f"{n} agents" if n else "?"
 
 
+def contribution_table(metrics: dict) -> list[str]:
+    """Markdown lines of each agent's contribution (``eval/contribution/agent_<i>/<kind>``, with its ``_low`` /
+    ``_high`` interval) in ``metrics``; none when the evaluation did not measure them."""
+    prefix = "eval/contribution/"
+    agents = sorted(
+        {k[len(prefix) :].split("/")[0] for k in metrics if k.startswith(prefix)}, key=lambda a: int(a.split("_")[-1])
+    )
+    if not agents:
+        return []
+
+    def cell(key: str) -> str:
+        if key not in metrics:
+            return "-"
+        low, high = metrics.get(f"{key}_low"), metrics.get(f"{key}_high")
+        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        return f"{metrics[key]:.3f}{interval}"
+
+    lines = [
+        "## Who did what",
+        "",
+        "Each agent's contribution: the drop in held-out team reward when its answer is replaced by the untrained "
+        "model's answer or by an empty one (mean over rows, 95% bootstrap interval).",
+        "",
+        "| agent | replaced by untrained | replaced by empty |",
+        "|---|---|---|",
+    ]
+    for agent in agents:
+        lines.append(f"| {agent} | {cell(prefix + agent + '/untrained')} | {cell(prefix + agent + '/empty')} |")
+    return lines + [""]
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -327,6 +358,7 @@ def _markdown(
             cells = [f"{d[key]:.3f}" if d and key in d else "-" for d in (before, after)]
             lines.append(f"| {key.removeprefix('eval/')} | {cells[0]} | {cells[1]} |")
         lines.append("")
+    lines += contribution_table(after or before or {})
     lines += ["## Plots", ""] + [f"![{p.stem}](report/{p.name})" for p in plots] + [""]
     for tag, items in samples:
         lines += [f"## Sample completions ({tag})", ""]

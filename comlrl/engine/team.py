@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 from transformers import PreTrainedModel
 
+from ..accel.decode_weights import BASE_ADAPTER  # noqa: F401  (re-exported: an agent's rows through its bare base)
 from .models import is_checkpointing
 from .sampling import seeded
 

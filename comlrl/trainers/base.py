@@ -46,6 +46,7 @@ from ..engine.team import adapter_parameters, build_lora_team
 from ..engine.vllm_engine import VLLMOptions
 from ..errors import ConfigError
 from ..tracking import Tracker, fresh_output_dir
+from .contributions import check_contributions, contribution_metrics, episode_contributions, untrained_agents
 from .episode import (
     Episode,
     check_transition,
@@ -583,10 +584,12 @@ class MultiAgentTrainer(PolicyUpdate):
         batch_size: int | None = None,
         *,
         dataset: Any = None,
+        contributions: bool | None = None,
     ) -> dict[str, float]:
         """Team reward on ``eval_dataset`` (default: the trainer's eval_dataset), greedy unless eval_do_sample /
         ``do_sample`` says so, ``batch_size`` rows per rollout (default ``per_device_eval_batch_size``).
-        ``dataset``: the former name of ``eval_dataset``."""
+        ``contributions`` (default ``eval_contributions``): also each agent's contribution to the team reward
+        (:mod:`comlrl.trainers.contributions`). ``dataset``: the former name of ``eval_dataset``."""
         if eval_dataset is not None and dataset is not None and eval_dataset is not dataset:
             raise ConfigError("evaluate(): eval_dataset= and dataset= are the same argument; pass only one.")
         dataset = next((d for d in (eval_dataset, dataset, self.eval_dataset) if d is not None), None)
@@ -600,19 +603,16 @@ class MultiAgentTrainer(PolicyUpdate):
             settings.do_sample = do_sample
         g = num_generations or self.args.eval_num_generations
         limit = min(len(dataset), max_rows or self.args.eval_max_rows or len(dataset))
+        if contributions is None:
+            contributions = own_field(self.args, "eval_contributions", False)
+        if contributions:
+            check_contributions(self)
         episodes, samples_out = [], []
         bar = tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False)
         for lo in bar:
             ids = list(range(lo, min(lo + batch_size, limit)))
-            ep = self.rollout(
-                [dataset[i] for i in ids],
-                ids,
-                settings,
-                g,
-                self.eval_reward_func,
-                dataset,
-                seed=derive_seed(self.args.seed, "eval", self.state["step"], lo),
-            )
+            seed = derive_seed(self.args.seed, "eval", self.state["step"], lo)
+            ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset, seed=seed)
             episodes.append(ep)
             bar.set_postfix(reward=f"{float(torch.cat([e.turns[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}")
             first = ep.turns[0]
@@ -625,11 +625,36 @@ class MultiAgentTrainer(PolicyUpdate):
                         "completions": [first.samples[i].texts[m * g] for i in range(self.num_agents)],
                     }
                 )
+            if contributions:
+                self._add_contributions(ep, settings, g, seed, samples_out[-len(first.nodes) :])
         self.last_eval_samples = samples_out
+        self.last_eval_episodes = episodes  # every sample, reward and level of the evaluation (comlrl.compare)
         extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), self.args.num_turns)
         if getattr(self.args, "_reference_style", False):  # the reference's per-turn keys as well
             extras = {**reference_turn_metrics(episodes, self.args.num_turns), **extras}
+        if contributions:
+            extras.update(contribution_metrics([s["contribution"] for s in samples_out]))
         return {**self._merge_evaluation(episodes), **extras}
+
+    def _add_contributions(
+        self, episode: Episode, settings: GenerationSettings, g: int, seed: int, samples: list[dict]
+    ) -> None:
+        """Each agent's contribution on the episode's rows (``samples``: their evaluation samples, in node order):
+        a sample gets ``contribution`` and the untrained team's first answers, ``untrained_completions``."""
+        drops, untrained = episode_contributions(
+            episode,
+            untrained_agents(self),
+            reward_func=self.eval_reward_func,
+            num_generations=g,
+            settings=settings,
+            joint_mode=own_field(self.args, "joint_mode", "align"),
+            reward_processor=self.reward_processor,
+            autocast_dtype=self.rollout_dtype,
+            seed=seed,
+        )
+        for m, (sample, drop) in enumerate(zip(samples, drops)):
+            sample["contribution"] = drop
+            sample["untrained_completions"] = [s.texts[m * g] for s in untrained]
 
     def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:
         return merge_evaluation(episodes, [self.episode_metrics(ep, prefix="eval/") for ep in episodes])
