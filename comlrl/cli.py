@@ -15,6 +15,7 @@ The config schema is in :mod:`comlrl.runconfig`; ``--set a.b=value`` parses ``va
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
@@ -163,16 +164,32 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
         if main
         else distributed.NullTracker()
     )
-    before = _evaluate(trainer, run_dir, "before") if evaluation is not None and cfg.evaluation.before else None
+    comparison = None
+    if evaluation is not None and cfg.evaluation.compare:
+        from .run_comparison import RunComparison
+
+        comparison = RunComparison(cfg, run_dir, env, trainer)
+    before = (
+        _evaluate(trainer, run_dir, "before", comparison=comparison)
+        if evaluation is not None and cfg.evaluation.before
+        else None
+    )
+    if comparison is not None:  # the baselines answer with the untrained models: before training
+        comparison.run_baselines(trainer)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(str(run_dir / "final"))
     after = (
-        _evaluate(trainer, run_dir, "after", fresh=True) if evaluation is not None and cfg.evaluation.after else None
+        _evaluate(trainer, run_dir, "after", fresh=True, comparison=comparison)
+        if evaluation is not None and cfg.evaluation.after
+        else None
     )
     trainer.tracker.close()
     if not main:
         return 0
     print(summary(before, after, trainer.last_eval_samples if after else [], cfg.evaluation.num_samples, run_dir))
+    if comparison is not None:
+        print(comparison.write().table())
+        print(f"comparison: {comparison.folder / 'results.md'}")
     if cfg.report:
         paths = report.write_report(run_dir)
         print(f"report: {paths['markdown']}")
@@ -201,12 +218,16 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     return found
 
 
-def _evaluate(trainer: Any, run_dir: Path, tag: str, fresh: bool = False) -> dict:
-    """Evaluate once per run and tag (a resumed run reuses the saved 'before' numbers)."""
+def _evaluate(trainer: Any, run_dir: Path, tag: str, fresh: bool = False, comparison: Any = None) -> dict:
+    """Evaluate once per run and tag (a resumed run reuses the saved 'before' numbers, when ``comparison`` is given
+    only with its saved per-row results); ``comparison`` (a RunComparison) keeps the evaluation's per-row results."""
     path = run_dir / f"eval_{tag}.json"
-    if path.is_file() and not fresh:
+    if path.is_file() and not fresh and (comparison is None or comparison.has(tag)):
         return json.loads(path.read_text())
+    start = time.perf_counter()
     metrics = trainer.evaluate()
+    if comparison is not None:
+        comparison.add_team(tag, trainer, time.perf_counter() - start)
     trainer.tracker.log_samples(trainer.last_eval_samples, trainer.state["step"], tag=f"eval-{tag}")
     if getattr(trainer, "dist", None) is None or trainer.dist.is_main:
         path.write_text(json.dumps(metrics, indent=2))
@@ -382,7 +403,8 @@ def trained_models(run_dir: Path, step: int | None, num_agents: int) -> Path:
 def make_generate(
     trainer: Any, batch_size: int = 8, *, seed: int | None = None, tokens: list[list[int]] | None = None
 ) -> Any:
-    """``generate(agent_index, prompts) -> completions`` with the trainer's agents (greedy unless eval_do_sample).
+    """``generate(agent_index, prompts, parts=1) -> completions`` with the trainer's agents (greedy unless
+    eval_do_sample); ``parts`` agents' answers in one completion get ``parts`` x ``max_new_tokens``.
 
     ``seed``: prompt j of the generator's k-th call samples from its own stream keyed by (seed, agent, k, j), so what
     it samples does not depend on the batch size or on what ran before (None: the global RNG). ``tokens``: each call
@@ -395,8 +417,11 @@ def make_generate(
     settings = trainer.generation_settings(train=False)
     calls = [0]
 
-    def generate(agent_index: int, prompts: list[str]) -> list[str]:
+    def generate(agent_index: int, prompts: list[str], parts: int = 1) -> list[str]:
         agent = trainer.agents[agent_index]
+        budget = (
+            settings if parts == 1 else dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens * parts)
+        )
         call, calls[0] = calls[0], calls[0] + 1
         out: list[str] = []
         counts: list[int] = []
@@ -411,7 +436,7 @@ def make_generate(
             adapters = [agent.adapter] * len(batch) if agent.adapter is not None else None
             seeds = None if seed is None else [derive_seed(seed, agent_index, call, lo + j) for j in range(len(batch))]
             samples = generate_batch(
-                agent.model, agent.tokenizer, batch, 1, settings, agent.chat, trainer.rollout_dtype, adapters, seeds
+                agent.model, agent.tokenizer, batch, 1, budget, agent.chat, trainer.rollout_dtype, adapters, seeds
             )
             out.extend(samples.texts)
             counts.extend(int(n) for n in samples.completion_mask.sum(dim=1))
@@ -571,7 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "compare",
-        help="Evaluate conditions (trained runs, untrained teams, baselines) on the same rows, with intervals.",
+        help="Evaluate conditions (trained runs, untrained teams, baselines, cross-play teams) on the same rows, with "
+        "intervals.",
         formatter_class=raw,
         description="Every condition answers the same held-out rows (the first --rows evaluation rows of the "
         "first condition's config, or of --config), with the same decoding and --samples answers per row, scored "
@@ -584,11 +610,17 @@ def build_parser() -> argparse.ArgumentParser:
   untrained:CONFIG       the config's models, untrained
   baseline:MODE@TARGET   MODE in single, parallel, sequential, discussion, centralized, with the models of
                          TARGET (a config: untrained; a run directory: trained)
+  mix:SOURCE,SOURCE,...  cross-play: one source per agent, in agent order; a SOURCE is run:DIR or DIR (agent i
+                         of the run; DIR@STEP its checkpoint), untrained (agent i's model of the scoring config)
+                         or untrained:CONFIG; SOURCE#J takes agent J of the source as agent i
   DIR | CONFIG           a bare run directory is run:DIR, a bare file untrained:CONFIG
-  NAME=CONDITION         the label in the table (default: the run directory's name, 'untrained' or the mode)
-example:
+  NAME=CONDITION         the label in the table (default: the run directory's name, 'untrained', the mode, or
+                         a mix's sources joined by '+')
+examples:
   comlrl compare team=run:runs/tldr-a untrained:configs/tldr_magrpo.yaml \\
-      baseline:single@configs/tldr_magrpo.yaml --rows 40 --samples 4 --temperature 0.7 --out compare/tldr""",
+      baseline:single@configs/tldr_magrpo.yaml --rows 40 --samples 4 --temperature 0.7 --out compare/tldr
+  comlrl compare team=run:runs/tldr-a swap=mix:runs/tldr-a#1,runs/tldr-a#0 \\
+      half=mix:runs/tldr-a,untrained seeds=mix:runs/tldr-a,runs/tldr-b --rows 40 --out compare/cross-play""",
     )
     p.add_argument("conditions", nargs="+", metavar="CONDITION", help="What to evaluate (syntax below).")
     p.add_argument("--rows", type=int, metavar="N", help="The first N evaluation rows (default: all of them).")

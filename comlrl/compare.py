@@ -19,8 +19,12 @@ Condition syntax (``[NAME=]KIND:TARGET``)::
     untrained:CONFIG   the config's models, untrained
     baseline:MODE@TARGET   baseline MODE (single, parallel, sequential, discussion, centralized) with the models of
                        TARGET (a config, untrained, or a run directory, trained)
+    mix:SOURCE,...     cross-play: one source per agent, in agent order (:mod:`comlrl.crossplay`): run:DIR or DIR
+                       (agent i of the run), untrained (agent i's model of the scoring config), untrained:CONFIG;
+                       SOURCE#J takes agent J of the source as agent i (mix:DIR#1,DIR#0 swaps a team's two agents)
     DIR | CONFIG       a bare run directory is run:DIR, a bare file untrained:CONFIG
-    NAME=...           the condition's label (default: the run directory's name, 'untrained', or the mode)
+    NAME=...           the condition's label (default: the run directory's name, 'untrained', the mode, or the
+                       mix's sources joined by '+')
 """
 
 from __future__ import annotations
@@ -36,14 +40,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .algorithms.bootstrap import LEVEL, NUM_RESAMPLES, bootstrap_mean, paired_difference, row_values
 from .errors import ComlrlError
 
+if TYPE_CHECKING:
+    from .crossplay import AgentSource
+
 log = logging.getLogger(__name__)
 
-KINDS = ("run", "untrained", "baseline")
+KINDS = ("run", "untrained", "baseline", "mix")
 #: score keys that are the env's task metric: metric/pass gives pass@1 (and pass@k with k samples), the others accuracy
 TASK_METRICS = {"metric/pass": "pass", "metric/accuracy": "accuracy", "metric/bfcl_accuracy": "accuracy"}
 CONTRIBUTION_PREFIX = "eval/contribution/"
@@ -58,10 +65,13 @@ class Condition:
     target: str
     step: int | None = None
     mode: str | None = None
+    agents: tuple[AgentSource, ...] = ()  # a mix's source of each agent
 
     @property
     def models(self) -> tuple[str, int | None]:
         """What the condition loads: (run directory or config, checkpoint step); conditions sharing it share models."""
+        if self.kind == "mix":
+            return "mix:" + ",".join(a.key for a in self.agents), None
         return str(Path(self.target).resolve()), self.step
 
 
@@ -76,7 +86,7 @@ def parse_condition(text: str) -> Condition:
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in KINDS:
         kind, rest = ("run" if Path(_strip_step(spec)[0]).is_dir() else "untrained"), spec
-    if not rest:
+    if not rest and kind != "mix":
         raise ComlrlError(f"condition {text!r}: {kind}: needs a target, e.g. {kind}:{_EXAMPLES[kind]}.")
     if kind == "baseline":
         mode, at, target = rest.partition("@")
@@ -86,6 +96,11 @@ def parse_condition(text: str) -> Condition:
                 "and TARGET a config or a run directory (e.g. baseline:single@configs/tldr_magrpo.yaml)."
             )
         return Condition(name or mode, kind, target, None, mode)
+    if kind == "mix":
+        from .crossplay import mix_target, parse_agents
+
+        agents = parse_agents(rest, text)
+        return Condition(name or "+".join(a.label() for a in agents), kind, mix_target(agents), agents=agents)
     if kind == "run":
         target, step = _strip_step(rest)
         if not Path(target).is_dir():
@@ -194,6 +209,8 @@ def compare(
     """
     from tqdm.auto import tqdm
 
+    from .crossplay import open_mix, plan_mix
+
     conds = [c if isinstance(c, Condition) else parse_condition(c) for c in conditions]
     if not conds:
         raise ComlrlError("compare needs at least one condition.")
@@ -211,7 +228,13 @@ def compare(
     if samples > 1 and temperature == 0:
         raise ComlrlError(f"{samples} samples per row need sampling: greedy answers repeat (set a temperature > 0).")
 
+    if config is None and not conds[0].target:
+        raise ComlrlError(
+            f"condition {conds[0].name!r} takes its models from the scoring config: name a config (config= / "
+            "--config), or put a condition with a run or a config first."
+        )
     env, eval_rows, scoring = _scoring_env(config if config is not None else conds[0].target, overrides)
+    mixes = {c.models: plan_mix(c, scoring, env, overrides) for c in conds if c.kind == "mix"}  # checked up front
     n = len(eval_rows) if rows is None else rows
     if not 1 <= n <= len(eval_rows):
         raise ComlrlError(
@@ -241,7 +264,7 @@ def compare(
         for i, cond in enumerate(conds):
             bar.set_postfix(condition=cond.name)
             if cond.models not in opened:
-                opened[cond.models] = _open(cond, overrides)
+                opened[cond.models] = open_mix(mixes[cond.models]) if cond.kind == "mix" else _open(cond, overrides)
             trainer, cond_env, models = opened[cond.models]
             if cond_env.name != env.name:
                 raise ComlrlError(
@@ -361,14 +384,21 @@ def _run_team(
     cond: Condition, trainer: Any, env: Any, dataset: Any, samples: int, bar: Any
 ) -> tuple[list[dict], dict[str, float]]:
     """The team's evaluate() on the rows, every joint answer kept: (records, evaluate()'s contribution metrics)."""
-    from .trainers.episode import joint_indices
-
     core = _core(trainer)
     core.eval_reward_func = scoring_reward(core, env, cond.name)
     with _counting_rows(core, bar):
         metrics = trainer.evaluate(dataset, num_generations=samples, max_rows=len(dataset))
+    extra = {k: float(v) for k, v in metrics.items() if k.startswith(CONTRIBUTION_PREFIX)}
+    return episode_records(core.last_eval_episodes), extra
+
+
+def episode_records(episodes: Sequence[Any]) -> list[dict]:
+    """One record per row and joint answer of an evaluation's episodes (a trainer's ``last_eval_episodes``): ``row``,
+    ``sample``, ``reward``, its levels, ``tokens`` (generated for the joint answer) and ``completions``."""
+    from .trainers.episode import joint_indices
+
     records = []
-    for episode in core.last_eval_episodes:
+    for episode in episodes:
         first, n = episode.turns[0], len(episode.turns[0].samples)
         g = len(first.samples[0].texts) // len(first.nodes)
         width = first.rewards.shape[1]
@@ -395,8 +425,7 @@ def _run_team(
                         "completions": completions,
                     }
                 )
-    extra = {k: float(v) for k, v in metrics.items() if k.startswith(CONTRIBUTION_PREFIX)}
-    return records, extra
+    return records
 
 
 def _run_baseline(
@@ -417,7 +446,13 @@ def _run_baseline(
     calls: list[list[int]] = []  # the tokens each generate call made per prompt; every call sends one per row
     generate = make_generate(core, seed=derive_seed(seed, "compare-baseline", cond.mode), tokens=calls)
     result = baseline_rows(cond_env, cond.mode, generate, rows, reward_func=env.reward_func)
-    tokens = [sum(call[j] for call in calls) for j in range(len(rows))]
+    return baseline_records(result, calls, samples), dict(result.metrics)
+
+
+def baseline_records(result: Any, calls: Sequence[Sequence[int]], samples: int) -> list[dict]:
+    """One record per row and sample of a baseline's :class:`~comlrl.envs.core.baselines.BaselineRows` (asked for
+    each row ``samples`` times in a row); ``calls``: the tokens each generate call made per prompt."""
+    tokens = [sum(call[j] for call in calls) for j in range(len(result.scores))]
     records = []
     for j, score in enumerate(result.scores):
         records.append(
@@ -430,7 +465,7 @@ def _run_baseline(
                 "completions": [answers[j] for answers in result.answers],
             }
         )
-    return records, dict(result.metrics)
+    return records
 
 
 # --- summary -------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
     report/length.png    each agent's mean completion length in tokens
     report/loss.png      each agent's policy loss (and KL to the reference when beta > 0)
     report/rounds.png    preference rounds (MADPO, MARLHF): each round's candidate rewards, team vs comparator
-    report.md            the summary, linking the plots
+    report.md            the summary, linking the plots (and the table of compare/, written with evaluation.compare)
 """
 
 from __future__ import annotations
@@ -296,6 +296,32 @@ def contribution_table(metrics: dict) -> list[str]:
     return lines + [""]
 
 
+def comparison_section(run_dir: Path) -> list[str]:
+    """Markdown lines of the run's comparison (``compare/summary.json``, written with ``evaluation.compare``): the
+    trained team, the untrained team and the baselines with their intervals; none when the run has no comparison."""
+    from .compare import markdown_table
+    from .run_comparison import FOLDER
+
+    data = _read_json(run_dir / FOLDER / "summary.json")
+    if not data:
+        return []
+    s = data["settings"]
+    pct = f"{s['level'] * 100:g}%"
+    return [
+        "## Comparison",
+        "",
+        f"The trained team against the untrained team and the baselines on the {s['rows']} held-out rows "
+        f"({s['decoding']}, {s['samples']} answer(s) per row): the team reward's mean with its {pct} bootstrap "
+        f"interval over rows, and the paired difference to {data['reference']} with its interval. Details: "
+        f"[{FOLDER}/results.md]({FOLDER}/results.md).",
+        "",
+        markdown_table(data["conditions"], data["reference"], s["level"]),
+        "",
+        f"![comparison]({FOLDER}/compare.png)",
+        "",
+    ]
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -358,6 +384,7 @@ def _markdown(
             cells = [f"{d[key]:.3f}" if d and key in d else "-" for d in (before, after)]
             lines.append(f"| {key.removeprefix('eval/')} | {cells[0]} | {cells[1]} |")
         lines.append("")
+    lines += comparison_section(run_dir)
     lines += contribution_table(after or before or {})
     lines += ["## Plots", ""] + [f"![{p.stem}](report/{p.name})" for p in plots] + [""]
     for tag, items in samples:

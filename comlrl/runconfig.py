@@ -27,7 +27,8 @@ model is loaded. Schema (every key optional except ``env.name``)::
     tokenizer: null               # one tokenizer source or one per agent (default: each model's own)
     lora: null                    # peft.LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: [q_proj, v_proj]}
     training: {}                  # fields of the algorithm's config class (comlrl.config), e.g. learning_rate
-    evaluation: {before: true, after: true, num_samples: 3}
+    evaluation: {before: true, after: true, num_samples: 3, compare: []}  # compare: baselines set beside the
+                                  # trained and the untrained team at the end (compare/, report.md)
     report: true                  # write plots and a summary (comlrl report) at the end
 
 Precedence of training settings: the config class defaults < the environment's ``defaults`` < ``training``.
@@ -184,6 +185,12 @@ class EvaluationSection:
     before: bool = help_field(True, "Evaluate the team on the evaluation rows before training.")
     after: bool = help_field(True, "Evaluate again after training and print the before/after summary.")
     num_samples: int = help_field(3, "Sample completions shown in the summary and the report.")
+    compare: list = help_field(
+        [],
+        "Baselines (single, parallel, sequential, discussion, centralized, with the untrained models) to compare "
+        "with at the end of the run: compare/ and a section of report.md hold the trained team, the untrained team "
+        "and these on the evaluation rows, with paired 95% bootstrap intervals (needs before and after).",
+    )
 
 
 @dataclass
@@ -467,6 +474,33 @@ def validate(cfg: RunConfig) -> None:
         _validate_lora(cfg)
     if cfg.env.format == "single":
         _validate_single(cfg, args)
+    if cfg.evaluation.compare:
+        _validate_compare(cfg)
+
+
+def _validate_compare(cfg: RunConfig) -> None:
+    """evaluation.compare: known baselines, once each; the before and after evaluations it reuses."""
+    from .envs.core.baselines import MODES
+
+    modes = cfg.evaluation.compare
+    if not isinstance(modes, list):
+        raise ConfigError(f"evaluation.compare: expected a list of baselines (e.g. [single]), got {modes!r}.")
+    for mode in modes:
+        if mode not in MODES:
+            raise ConfigError(
+                f"evaluation.compare: unknown baseline {mode!r}.{suggest(str(mode), list(MODES))} "
+                f"Available: {', '.join(MODES)}."
+            )
+        if modes.count(mode) > 1:
+            raise ConfigError(f"evaluation.compare: {mode!r} is listed twice.")
+    missing = [k for k in ("before", "after") if not getattr(cfg.evaluation, k)]
+    if missing:
+        raise ConfigError(
+            f"evaluation.compare needs evaluation.{' and evaluation.'.join(missing)}: true (the comparison reuses the "
+            "untrained and the trained team's evaluations), or remove evaluation.compare."
+        )
+    if not cfg.data.eval_limit:
+        raise ConfigError("evaluation.compare needs evaluation rows: set data.eval_limit > 0.")
 
 
 def _validate_env(cfg: RunConfig) -> None:

@@ -213,6 +213,13 @@ def test_quickstart_trains_end_to_end_with_a_tiny_model(tiny_dir, shared_data, t
     assert (run / "final" / "agent_1" / "adapter_config.json").is_file()  # the quick start trains LoRA adapters
     assert (run / "samples" / "eval-before.jsonl").is_file() and (run / "samples" / "eval-after.jsonl").is_file()
     assert (run / "report" / "reward.png").is_file() and (run / "report.md").is_file()
+    # the main job's comparison: the trained and the untrained team, and agent 0 alone (untrained)
+    compared = json.loads((run / "compare" / "summary.json").read_text())["conditions"]
+    assert list(compared) == ["trained", "untrained", "single"] and "comparison:" in out
+    before, after = (json.loads((run / f"eval_{t}.json").read_text())["eval/reward/mean"] for t in ("before", "after"))
+    got = (compared["untrained"]["reward"]["mean"], compared["trained"]["reward"]["mean"])
+    assert got == pytest.approx((before, after))
+    assert "## Comparison" in (run / "report.md").read_text() and (run / "compare" / "compare.png").is_file()
     assert "seed 42" in (run / "train.log").read_text()
     # a second train into the same directory must not silently append to it
     assert (

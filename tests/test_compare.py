@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import toy_env
 import yaml
 from tiny import tiny_model, tiny_tokenizer
@@ -324,3 +326,154 @@ def test_compare_help():
     with pytest.raises(SystemExit) as done:
         main(["compare", "--help"])
     assert done.value.code == 0
+
+
+# --- cross-play: teams whose agents come from different runs ------------------------------------------------------
+
+LORA = "lora={r: 4, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"
+
+
+@pytest.fixture(scope="module")
+def crossplay(setup):
+    """A second seed of the team and a LoRA team (one step each), and conditions pairing agents of the runs."""
+    s = setup
+    a, b, lora = s["team"], s["root"] / "team-seed4", s["root"] / "lora-run"
+    assert main(["train", s["team_cfg"], "--set", f"output_dir={b}", "--set", "training.seed=4"]) == 0
+    assert main(["train", s["team_cfg"], "--set", f"output_dir={lora}", "--set", LORA]) == 0
+    result = compare(
+        [
+            f"a=run:{a}",
+            f"b=run:{b}",
+            f"untrained:{s['team_cfg']}",
+            f"self=mix:{a},{a}",
+            f"half=mix:run:{a},untrained",
+            f"swap=mix:{a}#1,{a}#0",
+            f"seeds=mix:{a},{b}",
+            f"lora=run:{lora}",
+            f"mix:{lora}#0,{lora}#1",
+            f"lora-full=mix:{lora},{a}",
+        ],
+        rows=3,
+        samples=2,
+        temperature=1.0,
+        seed=5,
+        reference="a",
+        progress=False,
+    )
+    return {"a": a, "b": b, "lora": lora, "result": result}
+
+
+def _answers(result, name):
+    """(row, sample) -> (completions, reward) of a condition."""
+    return {(r["row"], r["sample"]): (r["completions"], r["reward"]) for r in result.records if r["condition"] == name}
+
+
+def test_a_mix_of_a_runs_own_agents_is_the_run(crossplay):
+    result = crossplay["result"]
+    for mixed, run in (("self", "a"), ("lora-run#0+lora-run#1", "lora")):
+        assert _answers(result, mixed) == _answers(result, run), mixed
+        assert len(_answers(result, mixed)) == 3 * 2
+    assert result.summary["self"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    assert result.summary["self"]["kind"] == "mix"
+    assert "agent 1 = agent 1 of run" in result.summary["self"]["description"]
+
+
+def test_each_agent_answers_as_in_the_team_it_comes_from(crossplay):
+    result = crossplay["result"]
+    teams = {name: _answers(result, name) for name in ("a", "b", "untrained", "lora")}
+    # agent i of a mix answers role i's prompt as its own team's agent does (same seed stream per agent and row)
+    for mixed, sources in {
+        "half": ("a", "untrained"),
+        "seeds": ("a", "b"),
+        "lora-full": ("lora", "a"),
+    }.items():
+        for key, (completions, reward) in _answers(result, mixed).items():
+            assert completions == [teams[src][key][0][i] for i, src in enumerate(sources)], (mixed, key)
+            assert reward == pytest.approx((len(completions[1]) - len(completions[0])) / 10.0)
+    # the sources differ, so the checks above could fail
+    for x, y in (("a", "untrained"), ("a", "b"), ("a", "lora")):
+        assert [v[0][1] for v in teams[x].values()] != [v[0][1] for v in teams[y].values()], (x, y)
+
+
+def test_a_swap_loads_agent_j_as_agent_i(crossplay, setup):
+    from safetensors.torch import load_file
+
+    from comlrl.crossplay import open_team
+
+    a, lora = crossplay["a"], crossplay["lora"]
+    trainer, _, models = open_team(parse_condition(f"mix:{a}#1,{a}#0"), setup["team_cfg"])
+    for i, j in ((0, 1), (1, 0)):
+        saved = load_file(str(a / "final" / f"agent_{j}" / "model.safetensors"))
+        own = load_file(str(a / "final" / f"agent_{i}" / "model.safetensors"))
+        state = trainer.agents[i].model.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in saved.items()), (i, j)
+        assert any(not torch.equal(state[k], v) for k, v in own.items()), (i, j)  # the two trained agents differ
+    assert models["description"].startswith("cross-play: agent 0 = agent 1 of run")
+    trainer, _, _ = open_team(parse_condition(f"mix:{lora}#1,{lora}#0"), setup["team_cfg"])
+    from peft import get_peft_model_state_dict
+
+    for i, j in ((0, 1), (1, 0)):
+        agent = trainer.agents[i]
+        saved = load_file(str(lora / "final" / f"agent_{j}" / "adapter_model.safetensors"))
+        state = get_peft_model_state_dict(agent.model, adapter_name=agent.adapter)
+        assert saved.keys() == state.keys() and all(torch.equal(state[k], saved[k]) for k in saved), (i, j)
+
+
+def test_cross_play_refusals(crossplay, setup, tmp_path):
+    s, a, lora = setup, crossplay["a"], crossplay["lora"]
+    other = tmp_path / "other.yaml"  # the same team on another env
+    cfg = yaml.safe_load(Path(s["team_cfg"]).read_text())
+    cfg["env"]["name"] = toy_env.NAME
+    other.write_text(yaml.safe_dump(cfg))
+    lora_r8 = tmp_path / "lora-r8"  # a LoRA run whose adapters have another shape
+    shutil.copytree(lora, lora_r8)
+    cfg = yaml.safe_load((lora_r8 / "config.yaml").read_text())
+    cfg["lora"]["r"] = 8
+    (lora_r8 / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with toy_env.registered():
+        for mix, message in [
+            (f"mix:{a}", "lists 1 agent; the scoring env toy-split has a team of 2"),
+            (f"mix:{a},{a},{a}", "lists 3 agents"),
+            (f"mix:{a}#2,{a}", r"agent 0 takes agent 2 of run .*team-run, whose team has agents 0 to 1"),
+            (f"mix:{a},{s['solo']}", r"agent 1 comes from run .*solo-run, a team of 1"),
+            (f"mix:{a},untrained:{other}", "agent 1 comes from .*other.yaml, a toy-length team"),
+            (f"mix:{lora},{lora_r8}", "different lora sections"),
+        ]:
+            with pytest.raises(ComlrlError, match=message):
+                compare([mix], config=s["team_cfg"], rows=1, progress=False)
+    with pytest.raises(ComlrlError, match="name a config"):
+        compare(["mix:untrained,untrained"], rows=1, progress=False)
+    for bad, message in [
+        ("mix:", "one source per agent"),
+        ("mix:/no/such/dir,untrained", "agent 0: /no/such/dir is neither a run directory nor a config"),
+        (f"mix:{a},", "agent 1: empty"),
+    ]:
+        with pytest.raises(ComlrlError, match=message):
+            parse_condition(bad)
+    c = parse_condition(f"mix:{a}@4#1,untrained,untrained:{s['team_cfg']}#0")
+    assert c.name == "team-run@4#1+untrained+team#0" and c.kind == "mix"
+    assert [(x.kind, x.step, x.index) for x in c.agents] == [
+        ("run", 4, 1),
+        ("untrained", None, None),
+        ("untrained", None, 0),
+    ]
+
+
+def test_compare_help_shows_cross_play(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    assert "mix:SOURCE,SOURCE" in capsys.readouterr().out
+
+
+def test_a_mixs_untrained_models_are_its_agents_bases(crossplay, setup):
+    """evaluate()'s contributions of a mix replace each agent by the untrained model its source started from."""
+    a, lora = crossplay["a"], crossplay["lora"]
+    on = ["training.eval_contributions=true"]
+    result = compare(
+        [f"a=run:{a}", f"self=mix:{a},{a}", f"half=mix:{a},untrained"], rows=2, overrides=on, progress=False
+    )
+    extra = {name: s["extra"] for name, s in result.summary.items()}
+    assert extra["self"] == extra["a"] and extra["a"]["eval/contribution/agent_0/untrained"] != 0.0
+    assert extra["half"]["eval/contribution/agent_1/untrained"] == 0.0  # agent 1 is its untrained model already
+    with pytest.raises(ComlrlError, match="fully fine-tuned agent \\(agent 1\\) in a team of LoRA agents"):
+        compare([f"mix:{lora},{a}"], config=setup["team_cfg"], rows=1, overrides=on, progress=False)

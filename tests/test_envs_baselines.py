@@ -110,3 +110,20 @@ def test_format_table():
         "| parallel | 2.000 | 1.000 | 1.000 | 80.5 |",
     ]
     assert format_table({"a": {"x": 1.0}}, columns=["x", "y"]).splitlines()[-1] == "| a | 1.000 | - |"
+
+
+def test_one_completion_for_the_whole_team_gets_the_joint_token_budget():
+    """single and centralized write every agent's answer in one completion: a generate that takes ``parts`` is asked
+    for num_agents parts; the per-agent modes keep one part per call, and a two-argument generate still works."""
+    asked = []
+
+    def generate(agent, prompts, parts=1):
+        asked.append(parts)
+        return ["x"] * len(prompts)
+
+    env = envs.make("tldr")
+    for mode, expected in [("single", [2]), ("centralized", [2]), ("parallel", [1, 1]), ("sequential", [1, 1])]:
+        asked.clear()
+        run_baseline(env, mode, generate, ROWS)
+        assert asked == expected, mode
+    assert run_baseline(env, "single", lambda agent, prompts: ["x"] * len(prompts), ROWS)["num_tasks"] == len(ROWS)

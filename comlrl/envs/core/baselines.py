@@ -1,7 +1,10 @@
 """Evaluation baselines for the built-in tasks, written against an abstract generator.
 
 ``generate(agent_index, prompts) -> completions`` produces one completion per prompt with agent
-``agent_index``'s model (so the baselines need no trainer). Modes:
+``agent_index``'s model (so the baselines need no trainer). Where one completion holds every agent's answer
+(``single``, ``centralized``) a ``generate`` that takes a ``parts`` keyword is called with ``parts=num_agents``: it
+gives that completion the team's joint token budget (``parts`` x ``max_new_tokens``), as the equal-budget single
+agent has. Modes:
 
 * ``single``: agent 0 alone writes the whole team answer from a single-agent prompt (both parts with a
   marker line for writing; the whole program for code); ``env.split_single`` splits it into the roles.
@@ -23,6 +26,7 @@ several results as a markdown table.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -43,8 +47,11 @@ class _Generator:
         self.row_tokens: list[int] = []  # per row, over all calls (each call sends one prompt per row)
         self.metrics: dict[str, float] = {}  # a mode's own metrics, added to the result
 
-    def __call__(self, agent: int, prompts: list[str]) -> list[str]:
-        out = list(self.generate(agent, prompts))
+    def __call__(self, agent: int, prompts: list[str], parts: int = 1) -> list[str]:
+        # parts > 1: one completion holds every agent's answer (single, centralized), so it gets the joint answer's
+        # token budget; a generate that takes no ``parts`` keeps its own budget
+        takes_parts = parts > 1 and "parts" in inspect.signature(self.generate).parameters
+        out = list(self.generate(agent, prompts, parts=parts) if takes_parts else self.generate(agent, prompts))
         if len(out) != len(prompts):
             raise ValueError(f"generate(agent {agent}) returned {len(out)} completions for {len(prompts)} prompts.")
         for i, text in enumerate(out):
@@ -114,7 +121,7 @@ def _discussion(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
 
 
 def _single(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
-    answers = gen(0, [env.single_formatter()(r) for r in rows])
+    answers = gen(0, [env.single_formatter()(r) for r in rows], parts=env.num_agents)
     split = [env.split_single(a, r) for a, r in zip(answers, rows)]
     return [[parts[i] for parts in split] for i in range(env.num_agents)]
 
@@ -122,7 +129,7 @@ def _single(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
 def _centralized(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
     n = env.num_agents
     prompts = [centralized_prompt(list(role_prompts)) for role_prompts in zip(*_formatted(env, rows))]
-    split = [split_roles(answer, n) for answer in gen(0, prompts)]
+    split = [split_roles(answer, n) for answer in gen(0, prompts, parts=n)]
     gen.metrics["centralized/parse_failure_rate"] = sum(not ok for _, ok in split) / len(split)
     return [[outputs[i] for outputs, _ in split] for i in range(n)]
 

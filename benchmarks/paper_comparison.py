@@ -1,0 +1,650 @@
+"""The method paper's comparison (arXiv 2508.04652) in one command: a MAGRPO LoRA team against the untrained team,
+the env's four baselines and the equal-budget single agent, on the same held-out rows, with paired intervals.
+
+What it runs (every step through comlrl's own command line and Python API):
+
+* tldr, for each reward (``strict``, the default, and ``published``: ``env.options.reward``) and training seed:
+  ``comlrl train configs/tldr_magrpo.yaml`` as a LoRA team (the quick start's LoRA, learning rate, batch, samples
+  and temperature) and ``comlrl train configs/tldr_single_grpo.yaml`` (one model writes every part, the same steps,
+  rows, samples and twice the team's per-agent new tokens: the same tokens per joint answer), then
+  ``comlrl.compare.compare`` on the held-out posts: untrained team (the reference), the trained team (with each
+  agent's contribution, ``eval_contributions``), the trained single agent, and the baselines single, parallel,
+  sequential and discussion with the untrained models. A later seed compares only its trained conditions with the
+  untrained team: the baselines' answers do not depend on the training seed.
+* a code task (mbpp, pass@k), the first seed only: a LoRA team and its single agent trained the same way, against
+  the untrained team and the single and parallel baselines.
+
+Everything is written under ``--out``: ``runs/`` (the training runs), ``compare/`` (one folder per comparison:
+results.md, results.csv, compare.png, samples.jsonl, summary.json) and ``summary.md`` (the tables, per-level
+breakdowns, contributions, the team against each condition, two sample answers per condition, the command, the git
+commit and the machine), ready for docs/results.md. A step whose output is complete is reused when the command is run
+again with the same ``--out`` (an interrupted run continues).
+
+    python benchmarks/paper_comparison.py --out results/paper            # the default run (about 90 minutes)
+    python benchmarks/paper_comparison.py --out results/paper --dry-run  # only the plan and its estimated time
+    python benchmarks/paper_comparison.py --out /tmp/smoke --smoke       # the whole pipeline on a tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+BASELINES = ("single", "parallel", "sequential", "discussion")
+CODE_BASELINES = ("single", "parallel")
+REFERENCE = "untrained"
+TEAM, SINGLE_AGENT = "team", "single-grpo"
+BUDGET_MINUTES = 90
+
+# Seconds measured on the 2-core CI machine class with the embedded SmolLM2-135M (benchmarks/README.md, "The paper's
+# comparison"), while other jobs shared the cores: the plan's estimate. Per training step: at the default sizes
+# (2 rows x 4 samples). Per joint answer: one row's answer of every agent (and every call of a baseline), scored.
+COST = {
+    "start": 12.0,  # a training run's or a condition's model loading and set-up
+    "tldr": {"team_step": 14.0, "single_step": 16.0, "team": 1.25, "untrained": 0.95, "single-grpo": 1.3,
+             "single": 0.7, "parallel": 0.95, "sequential": 1.3, "discussion": 2.3},
+    "mbpp": {"team_step": 26.0, "single_step": 30.0, "team": 2.2, "untrained": 1.7, "single-grpo": 2.4,
+             "single": 1.2, "parallel": 1.7},
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The experiment's size: training steps, held-out rows, samples per row and new tokens, per task."""
+
+    steps: int = 30
+    rows: int = 40
+    samples: int = 4
+    new_tokens: int = 48
+    code_steps: int = 10
+    code_rows: int = 16
+    code_samples: int = 2
+    code_new_tokens: int = 96
+    temperature: float = 0.7
+    seeds: tuple[int, ...] = (1,)
+    rewards: tuple[str, ...] = ("strict", "published")
+    code: bool = True
+
+
+#: the whole pipeline in about a minute: a tiny random model, one step, two rows
+SMOKE = Sizes(steps=1, rows=2, samples=2, new_tokens=8, code_steps=1, code_rows=2, code_samples=2, code_new_tokens=8)
+
+
+@dataclass(frozen=True)
+class Train:
+    """One ``comlrl train`` run."""
+
+    name: str
+    task: str
+    role: str  # "team_step" or "single_step"
+    config: Path
+    sets: tuple[str, ...]
+    steps: int
+
+
+@dataclass(frozen=True)
+class Compare:
+    """One ``compare`` call: its conditions (name -> condition) on one task, reward and seed."""
+
+    name: str
+    task: str
+    title: str
+    conditions: tuple[tuple[str, str], ...]
+    rows: int
+    samples: int
+    untrained_from: str  # the training run whose resolved config, untrained, is the reference team
+
+
+# --- the plan -----------------------------------------------------------------------------------------------------
+
+
+def shared_sets(out: Path, steps: int, seed: int, eval_rows: int, extra: Sequence[str] = ()) -> list[str]:
+    """The ``--set`` overrides of every training run: LoRA, learning rate, batch, samples and temperature of
+    configs/quickstart.yaml, no evaluation or report during training (compare evaluates), no checkpoints."""
+    return [
+        "lora.r=16",
+        "lora.lora_alpha=32",
+        "lora.lora_dropout=0.0",
+        "lora.target_modules=all-linear",
+        "training.learning_rate=5.0e-4",
+        "training.bf16=null",
+        "training.per_device_train_batch_size=2",
+        "training.num_generations=4",
+        "training.temperature=0.8",
+        f"training.max_steps={steps}",
+        f"training.seed={seed}",
+        "training.eval_steps=0",
+        "training.save_steps=0",
+        "training.logging_steps=1",
+        "data.limit=null",
+        f"data.eval_limit={eval_rows}",
+        "evaluation.before=false",
+        "evaluation.after=false",
+        "report=false",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple[list[Train], list[Compare]]:
+    """The training runs and comparisons ``sizes`` asks for, in the order they run."""
+    trains: list[Train] = []
+    compares: list[Compare] = []
+    runs = out / "runs"
+
+    def pair(task: str, tag: str, seed: int, steps: int, rows: int, tokens: int, env_sets: list[str]) -> tuple:
+        stem = f"{task}-{tag}" if tag else task
+        team, single = f"{stem}-team-s{seed}", f"{stem}-single-s{seed}"
+        common = [*model_sets, *env_sets]
+        trains.append(
+            Train(
+                team,
+                task,
+                "team_step",
+                CONFIGS / f"{task}_magrpo.yaml",
+                tuple(
+                    shared_sets(
+                        runs / team,
+                        steps,
+                        seed,
+                        rows,
+                        [f"training.max_new_tokens={tokens}", "training.eval_contributions=true", *common],
+                    )
+                ),
+                steps,
+            )
+        )
+        trains.append(
+            Train(
+                single,
+                task,
+                "single_step",
+                CONFIGS / f"{task}_single_grpo.yaml",
+                tuple(shared_sets(runs / single, steps, seed, rows, [f"training.max_new_tokens={2 * tokens}", *common])),
+                steps,
+            )
+        )
+        return team, single
+
+    for reward in sizes.rewards:
+        for k, seed in enumerate(sizes.seeds):
+            team, single = pair(
+                "tldr", reward, seed, sizes.steps, sizes.rows, sizes.new_tokens, [f"env.options.reward={reward}"]
+            )
+            conds = [(TEAM, f"run:{runs / team}"), (SINGLE_AGENT, f"run:{runs / single}")]
+            if k == 0:
+                conds += [(mode, f"baseline:{mode}@UNTRAINED") for mode in BASELINES]
+            compares.append(
+                Compare(
+                    f"tldr-{reward}-s{seed}",
+                    "tldr",
+                    f"tldr, {reward} reward, training seed {seed}",
+                    ((REFERENCE, "untrained:UNTRAINED"), *conds),
+                    sizes.rows,
+                    sizes.samples,
+                    team,
+                )
+            )
+    if sizes.code:
+        seed = sizes.seeds[0]
+        team, single = pair("mbpp", "", seed, sizes.code_steps, sizes.code_rows, sizes.code_new_tokens, [])
+        compares.append(
+            Compare(
+                f"mbpp-s{seed}",
+                "mbpp",
+                f"mbpp, training seed {seed}",
+                (
+                    (REFERENCE, "untrained:UNTRAINED"),
+                    (TEAM, f"run:{runs / team}"),
+                    (SINGLE_AGENT, f"run:{runs / single}"),
+                    *((mode, f"baseline:{mode}@UNTRAINED") for mode in CODE_BASELINES),
+                ),
+                sizes.code_rows,
+                sizes.code_samples,
+                team,
+            )
+        )
+    return trains, compares
+
+
+def estimate(trains: Sequence[Train], compares: Sequence[Compare]) -> dict[str, float]:
+    """Estimated seconds of each step of the plan (from :data:`COST`)."""
+    est = {t.name: COST["start"] + t.steps * COST[t.task][t.role] for t in trains}
+    for c in compares:
+        answers = c.rows * c.samples
+        est[c.name] = sum(COST["start"] + answers * COST[c.task][name] for name, _ in c.conditions)
+    return est
+
+
+def plan_text(trains: Sequence[Train], compares: Sequence[Compare], sizes: Sizes, scale: float = 1.0) -> str:
+    """The plan: each training run and comparison with its size and estimated minutes, and the total."""
+    est = estimate(trains, compares)
+    lines = ["plan:"]
+    for t in trains:
+        lines.append(f"  train   {t.name:<28} {t.steps:>4} steps x 2 rows x 4 samples   ~{est[t.name] * scale / 60:5.1f} min")
+    for c in compares:
+        what = f"{len(c.conditions)} conditions x {c.rows} rows x {c.samples} samples"
+        lines.append(f"  compare {c.name:<28} {what:<36} ~{est[c.name] * scale / 60:5.1f} min")
+        lines.append(f"          {', '.join(name for name, _ in c.conditions)}")
+    total = sum(est.values()) * scale / 60
+    lines.append(f"  estimated total: {total:.0f} min (budget {BUDGET_MINUTES} min on 2 CPU cores)")
+    if scale == 1.0 and total > BUDGET_MINUTES:
+        lines.append(f"  warning: the estimate is over the {BUDGET_MINUTES}-minute budget")
+    return "\n".join(lines)
+
+
+# --- running it ---------------------------------------------------------------------------------------------------
+
+
+def train(job: Train) -> dict[str, Any]:
+    """Run ``comlrl train`` (in this process: the command line's own code path), unless its run is complete."""
+    from comlrl.cli import main as comlrl_main
+
+    run_dir = Path(next(s for s in job.sets if s.startswith("output_dir=")).partition("=")[2])
+    info_path = run_dir / "paper_comparison.json"
+    if (run_dir / "final").is_dir() and info_path.is_file():
+        print(f"train {job.name}: complete in {run_dir}, reused")
+        return json.loads(info_path.read_text())
+    if run_dir.exists():
+        raise SystemExit(f"{run_dir} holds an unfinished run: delete it (or pick another --out) and run again.")
+    argv = ["train", str(job.config), *(a for s in job.sets for a in ("--set", s))]
+    print(f"train {job.name}: comlrl {' '.join(shlex.quote(a) for a in argv)}", flush=True)
+    start = time.perf_counter()
+    rc = comlrl_main(argv)
+    if rc != 0:
+        raise SystemExit(f"comlrl train for {job.name} failed (exit status {rc}); its log: {run_dir / 'train.log'}")
+    info = {"name": job.name, "seconds": time.perf_counter() - start, "steps": job.steps, **training_curve(run_dir)}
+    info_path.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def training_curve(run_dir: Path) -> dict[str, float]:
+    """The training reward of the first and last fifth of the steps (each a mean over those steps)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    values = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    if not values:
+        return {}
+    k = max(1, len(values) // 5)
+    return {"train_reward_first": sum(values[:k]) / k, "train_reward_last": sum(values[-k:]) / k}
+
+
+def untrained_config(run_dir: Path, out: Path) -> Path:
+    """The run's resolved config with its models untrained and no contributions: the reference team and the models
+    of the baselines (the same model, prompts, tokens and data as the trained team)."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg.setdefault("training", {})["eval_contributions"] = False
+    cfg["output_dir"] = str(out / "scratch")
+    path = out / "configs" / f"{run_dir.name}-untrained.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def run_compare(job: Compare, out: Path, temperature: float) -> Path:
+    """``comlrl.compare.compare`` on the job's conditions, unless its folder is complete; the folder."""
+    from comlrl.compare import compare
+
+    folder = out / "compare" / job.name
+    if (folder / "summary.json").is_file() and (folder / "samples.jsonl").is_file():
+        print(f"compare {job.name}: complete in {folder}, reused")
+        return folder
+    untrained = untrained_config(out / "runs" / job.untrained_from, out)
+    conditions = [f"{name}={spec.replace('UNTRAINED', str(untrained))}" for name, spec in job.conditions]
+    print(f"compare {job.name}: {len(conditions)} conditions x {job.rows} rows x {job.samples} samples", flush=True)
+    start = time.perf_counter()
+    compare(
+        conditions,
+        rows=job.rows,
+        samples=job.samples,
+        reference=REFERENCE,
+        temperature=temperature,
+        seed=0,
+        out=folder,
+    )
+    (folder / "paper_comparison.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
+    return folder
+
+
+# --- the summary --------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory and library versions of this machine."""
+    import torch
+    import transformers
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    memory = None
+    try:
+        kb = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+        memory = round(int(kb.split()[1]) / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": model,
+        "cores": cores,
+        "memory_gib": memory,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def git_commit() -> str:
+    """The checkout's commit, marked when the tree has uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return commit + (" (with uncommitted changes)" if dirty else "")
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def _ci(i: dict) -> str:
+    return f"{_num(i['mean'])} [{_num(i['low'])}, {_num(i['high'])}]"
+
+
+def _beyond(i: dict) -> str:
+    return "yes" if i["low"] > 0 or i["high"] < 0 else "no"
+
+
+def _short(text: str, n: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int = 2) -> str:
+    """One comparison's tables (results, per level, the team against each condition, contributions) and samples."""
+    from comlrl.algorithms.bootstrap import paired_difference, row_values
+
+    data = json.loads((folder / "summary.json").read_text())
+    s, summary, ref = data["settings"], data["conditions"], data["reference"]
+    records = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+    names = list(summary)
+    task = list(dict.fromkeys(k for c in summary.values() for k in c["task"]))
+    levels = list(dict.fromkeys(k for c in summary.values() for k in c["levels"]))
+    lines = [
+        f"### {job.title}",
+        "",
+        f"{s['rows']} held-out rows x {s['samples']} samples, {s['decoding']}, sampling and bootstrap seed "
+        f"{s['seed']}; {s['num_resamples']} bootstrap resamples over rows, {s['level'] * 100:g}% intervals. "
+        f"Files: `{folder.relative_to(out)}/` (results.md, results.csv, compare.png, samples.jsonl).",
+        "",
+        f"| condition | team reward [95% CI] | vs {ref} [95% CI] | "
+        + "".join(f"{k} | " for k in task)
+        + "tokens / answer | s / answer |",
+        "|---|---:|---:|" + "---:|" * len(task) + "---:|---:|",
+    ]
+    for name in names:
+        c = summary[name]
+        diff = "(reference)" if name == ref else _ci(c["difference"])
+        cells = [name, _ci(c["reward"]), diff, *(_num(c["task"].get(k)) for k in task)]
+        cells += [f"{c['tokens_per_answer']:.1f}", f"{c['seconds_per_answer']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"![{job.name}]({folder.relative_to(out)}/compare.png)", ""]
+    if levels:
+        lines += ["Per level (the mean fraction of each level's points earned):", ""]
+        lines.append("| condition | " + " | ".join(k.removeprefix("level/") for k in levels) + " |")
+        lines.append("|---|" + "---:|" * len(levels))
+        for name in names:
+            lines.append(f"| {name} | " + " | ".join(_num(summary[name]["levels"].get(k)) for k in levels) + " |")
+        lines.append("")
+    by: dict[str, dict[int, list[float]]] = {name: {} for name in names}
+    for r in records:
+        by[r["condition"]].setdefault(r["row"], []).append(r["reward"])
+    rows = sorted(by[names[0]])
+    values = {name: row_values([by[name][i] for i in rows]) for name in names}
+    if TEAM in names:
+        lines += [f"The trained team against each condition (paired over the {len(rows)} rows):", ""]
+        lines += ["| condition | team - condition [95% CI] | interval excludes 0 |", "|---|---:|:---:|"]
+        for name in names:
+            if name == TEAM:
+                continue
+            d = paired_difference(values[TEAM], values[name], num_resamples=s["num_resamples"], seed=s["seed"])
+            lines.append(f"| {name} | {_ci(d.as_dict())} | {_beyond(d.as_dict())} |")
+        lines.append("")
+    for name in names:
+        extra = summary[name]["extra"]
+        keys = sorted({k.removeprefix("eval/contribution/").rsplit("/", 1)[0] for k in extra if "contribution/" in k})
+        if not keys:
+            continue
+        lines += [
+            f"Contributions of the {name} condition's agents (team reward minus the team reward with the agent's "
+            "answer replaced; 95% CI over rows):",
+            "",
+            "| agent | replaced by the untrained model's answer | replaced by an empty answer |",
+            "|---|---:|---:|",
+        ]
+        for agent in keys:
+            cells = []
+            for kind in ("untrained", "empty"):
+                key = f"eval/contribution/{agent}/{kind}"
+                cells.append(
+                    _ci({"mean": extra.get(key), "low": extra.get(f"{key}_low"), "high": extra.get(f"{key}_high")})
+                    if key in extra
+                    else "-"
+                )
+            lines.append(f"| {agent} | {cells[0]} | {cells[1]} |")
+        lines.append("")
+    lines += [f"Sample answers (rows {', '.join(str(i) for i in rows[:sample_rows])}, first sample):", ""]
+    for name in names:
+        for i in rows[:sample_rows]:
+            rec = next(r for r in records if r["condition"] == name and r["row"] == i and r["sample"] == 0)
+            lines.append(f"* **{name}**, row {i}, team reward {rec['reward']:.3f}:")
+            for a, text in enumerate(rec["completions"]):
+                lines.append(f"    * agent {a}: `{_short(text).replace('`', chr(39))}`")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_summary(
+    out: Path,
+    sizes: Sizes,
+    trains: Sequence[Train],
+    compares: Sequence[Compare],
+    train_info: dict[str, dict],
+    timing: dict[str, Any],
+    argv: Sequence[str],
+    smoke: bool,
+) -> Path:
+    """summary.md: the command, commit, machine, settings, training runs and every comparison's section."""
+    m = machine()
+    est = estimate(trains, compares)
+    command = "python benchmarks/paper_comparison.py " + " ".join(shlex.quote(a) for a in argv)
+    lines = [
+        "# The paper's comparison: results",
+        "",
+        f"* command: `{command}`",
+        f"* commit: {git_commit()}",
+        f"* machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB memory, "
+        f"{'GPU ' + m['gpu'] if m['gpu'] else 'no GPU'}; torch {m['torch']} ({m['torch_threads']} threads), "
+        f"transformers {m['transformers']}, Python {m['python']}",
+        f"* started {timing['started']}, took {timing['seconds'] / 60:.1f} min (estimated "
+        f"{sum(est.values()) / 60:.0f}); load average {timing['load_start']} at the start, {timing['load_end']} at "
+        "the end (above the core count: other jobs shared the cores, and the times are inflated)",
+        f"* model: {'a tiny random Llama (--smoke: the pipeline, not a result)' if smoke else 'the embedded SmolLM2-135M-Instruct'}",
+        "",
+        "## Settings",
+        "",
+        f"Training (every run): LoRA r=16 (alpha 32, all linear layers), learning rate 5e-4, 2 rows x 4 samples per "
+        f"step, temperature 0.8, training seeds {', '.join(map(str, sizes.seeds))}. tldr: {sizes.steps} steps, "
+        f"{sizes.new_tokens} new tokens per agent (the single agent {2 * sizes.new_tokens}), rewards "
+        f"{', '.join(sizes.rewards)}, trained and scored on the same reward; evaluation: the last {sizes.rows} posts "
+        f"(held out of training), {sizes.samples} samples per post."
+        + (
+            f" mbpp: {sizes.code_steps} steps, {sizes.code_new_tokens} new tokens per agent (the single agent "
+            f"{2 * sizes.code_new_tokens}); evaluation: the first {sizes.code_rows} test tasks, {sizes.code_samples} "
+            "samples per task."
+            if sizes.code
+            else ""
+        ),
+        f"Evaluation: plain sampling at temperature {sizes.temperature:g} for every condition. The conditions: "
+        f"`{REFERENCE}` (the team's models before training, the reference), `{TEAM}` (the MAGRPO LoRA team), "
+        f"`{SINGLE_AGENT}` (one model trained with GRPO on the same reward, writing every part: the equal-budget "
+        "control) and the baselines with the untrained model (`single`: one model writes the whole answer; "
+        "`parallel`: the agents answer independently; `sequential`: each sees the earlier agents' answers; "
+        "`discussion`: one round of revision after seeing the others' first answers).",
+        "",
+        "## Training runs",
+        "",
+        "| run | steps | minutes | training reward, first fifth of the steps | last fifth |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for t in trains:
+        info = train_info[t.name]
+        first, last = info.get("train_reward_first"), info.get("train_reward_last")
+        lines.append(f"| {t.name} | {t.steps} | {info['seconds'] / 60:.1f} | {_num(first)} | {_num(last)} |")
+    lines += ["", "## Comparisons", ""]
+    for job in compares:
+        lines.append(comparison_section(job, out / "compare" / job.name, out))
+    path = out / "summary.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+# --- the smoke model and the command ------------------------------------------------------------------------------
+
+
+def tiny_model_dir(out: Path) -> Path:
+    """A tiny random Llama with the embedded model's tokenizer, saved under ``out`` (offline, built from a config)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from comlrl.engine.models import embedded_model_dir
+
+    path = out / "tiny-model"
+    if (path / "config.json").is_file():
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    d = Sizes()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="The folder everything is written to.")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"tldr training steps (default {d.steps}).")
+    p.add_argument("--rows", type=int, default=d.rows, help=f"tldr held-out posts (default {d.rows}).")
+    p.add_argument("--samples", type=int, default=d.samples, help=f"Samples per post (default {d.samples}).")
+    p.add_argument("--new-tokens", type=int, default=d.new_tokens, help="tldr new tokens per agent.")
+    p.add_argument("--code-steps", type=int, default=d.code_steps, help="mbpp training steps.")
+    p.add_argument("--code-rows", type=int, default=d.code_rows, help="mbpp test tasks evaluated.")
+    p.add_argument("--code-samples", type=int, default=d.code_samples, help="Samples per mbpp task (pass@k).")
+    p.add_argument("--code-new-tokens", type=int, default=d.code_new_tokens, help="mbpp new tokens per agent.")
+    p.add_argument("--no-code", action="store_true", help="Leave out the code task.")
+    p.add_argument("--rewards", nargs="+", default=list(d.rewards), choices=["strict", "published"])
+    p.add_argument("--seeds", nargs="+", type=int, default=list(d.seeds), help="Training seeds, each reported apart.")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="Evaluation sampling temperature.")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: torch's, one per core). On cores other jobs share, 1 avoids the stalls of "
+        "threads waiting for each other (about 10x slower generation at 2 threads on 2 busy cores).",
+    )
+    p.add_argument("--dry-run", action="store_true", help="Print the plan and its estimated time, run nothing.")
+    p.add_argument("--smoke", action="store_true", help="The whole pipeline on a tiny random model, tiny sizes.")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = parse_args(argv)
+    if ns.smoke:
+        sizes = dataclasses.replace(SMOKE, seeds=tuple(ns.seeds), rewards=tuple(ns.rewards), code=not ns.no_code)
+    else:
+        sizes = Sizes(
+            ns.steps, ns.rows, ns.samples, ns.new_tokens, ns.code_steps, ns.code_rows, ns.code_samples,
+            ns.code_new_tokens, ns.temperature, tuple(ns.seeds), tuple(ns.rewards), not ns.no_code,
+        )  # fmt: skip
+    out = ns.out.resolve()
+    model_sets = [f"model={out / 'tiny-model'}"] if ns.smoke else []
+    trains, compares = build_plan(out, sizes, model_sets)
+    print(plan_text(trains, compares, sizes))
+    if ns.smoke:
+        print("  (--smoke: a tiny random model; the estimate is for the embedded model)")
+    else:
+        print("  the estimate comes from a machine whose cores other jobs shared; a quiet machine is faster")
+    if ns.dry_run:
+        return 0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if ns.threads:
+        import torch
+
+        torch.set_num_threads(ns.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    if ns.smoke:
+        tiny_model_dir(out)
+    started, load_start, start = time.strftime("%Y-%m-%d %H:%M:%S"), _load(), time.perf_counter()
+    train_info = {t.name: train(t) for t in trains}
+    for job in compares:
+        run_compare(job, out, sizes.temperature)
+    timing = {
+        "started": started,
+        "seconds": time.perf_counter() - start,
+        "load_start": load_start,
+        "load_end": _load(),
+    }
+    path = write_summary(out, sizes, trains, compares, train_info, timing, argv, ns.smoke)
+    print(f"summary: {path} ({timing['seconds'] / 60:.1f} min)")
+    return 0
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
