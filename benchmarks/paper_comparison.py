@@ -52,14 +52,15 @@ TEAM, SINGLE_AGENT = "team", "single-grpo"
 BUDGET_MINUTES = 90
 
 # Seconds measured on the 2-core CI machine class with the embedded SmolLM2-135M (benchmarks/README.md, "The paper's
-# comparison"), while other jobs shared the cores: the plan's estimate. Per training step: at the default sizes
-# (2 rows x 4 samples). Per joint answer: one row's answer of every agent (and every call of a baseline), scored.
+# comparison") at 1 torch thread while other jobs kept the load at 3-4: the plan's estimate, pessimistic for a quiet
+# machine. Per training step: 2 rows x 4 samples. Per joint answer: one row's answer of every agent (every call of a
+# baseline), scored; measured over 32 answers per condition, so it includes the condition's model loading.
 COST = {
-    "start": 12.0,  # a training run's or a condition's model loading and set-up
-    "tldr": {"team_step": 14.0, "single_step": 16.0, "team": 1.25, "untrained": 0.95, "single-grpo": 1.3,
-             "single": 0.7, "parallel": 0.95, "sequential": 1.3, "discussion": 2.3},
-    "mbpp": {"team_step": 26.0, "single_step": 30.0, "team": 2.2, "untrained": 1.7, "single-grpo": 2.4,
-             "single": 1.2, "parallel": 1.7},
+    "train_start": 8.0,  # a training run's set-up and saving
+    "tldr": {"team_step": 19.0, "single_step": 18.0, "untrained": 1.1, "team": 1.9, "single-grpo": 1.0,
+             "single": 1.25, "parallel": 1.4, "sequential": 1.9, "discussion": 4.0},
+    "mbpp": {"team_step": 32.0, "single_step": 35.0, "untrained": 2.0, "team": 3.2, "single-grpo": 2.4,
+             "single": 2.4, "parallel": 2.4},
 }  # fmt: skip
 
 
@@ -67,12 +68,12 @@ COST = {
 class Sizes:
     """The experiment's size: training steps, held-out rows, samples per row and new tokens, per task."""
 
-    steps: int = 30
+    steps: int = 20
     rows: int = 40
     samples: int = 4
     new_tokens: int = 48
-    code_steps: int = 10
-    code_rows: int = 16
+    code_steps: int = 4
+    code_rows: int = 12
     code_samples: int = 2
     code_new_tokens: int = 96
     temperature: float = 0.7
@@ -81,7 +82,7 @@ class Sizes:
     code: bool = True
 
 
-#: the whole pipeline in about a minute: a tiny random model, one step, two rows
+#: the whole pipeline in well under a minute: a tiny random model (one torch thread), one step, two rows
 SMOKE = Sizes(steps=1, rows=2, samples=2, new_tokens=8, code_steps=1, code_rows=2, code_samples=2, code_new_tokens=8)
 
 
@@ -108,6 +109,8 @@ class Compare:
     rows: int
     samples: int
     untrained_from: str  # the training run whose resolved config, untrained, is the reference team
+    rescore_from: str | None = None  # a comparison whose baselines' answers this one re-scores with its own reward
+    rescore: tuple[str, ...] = ()
 
 
 # --- the plan -----------------------------------------------------------------------------------------------------
@@ -175,7 +178,9 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
                 task,
                 "single_step",
                 CONFIGS / f"{task}_single_grpo.yaml",
-                tuple(shared_sets(runs / single, steps, seed, rows, [f"training.max_new_tokens={2 * tokens}", *common])),
+                tuple(
+                    shared_sets(runs / single, steps, seed, rows, [f"training.max_new_tokens={2 * tokens}", *common])
+                ),
                 steps,
             )
         )
@@ -187,7 +192,10 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
                 "tldr", reward, seed, sizes.steps, sizes.rows, sizes.new_tokens, [f"env.options.reward={reward}"]
             )
             conds = [(TEAM, f"run:{runs / team}"), (SINGLE_AGENT, f"run:{runs / single}")]
-            if k == 0:
+            # the baselines' answers depend on neither the training seed nor the reward (the same untrained models,
+            # prompts and sampling seed): the first reward's comparison generates them, the others re-score them
+            first = reward == sizes.rewards[0]
+            if k == 0 and first:
                 conds += [(mode, f"baseline:{mode}@UNTRAINED") for mode in BASELINES]
             compares.append(
                 Compare(
@@ -198,6 +206,8 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
                     sizes.rows,
                     sizes.samples,
                     team,
+                    None if first or k else f"tldr-{sizes.rewards[0]}-s{seed}",
+                    () if first or k else BASELINES,
                 )
             )
     if sizes.code:
@@ -224,10 +234,9 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
 
 def estimate(trains: Sequence[Train], compares: Sequence[Compare]) -> dict[str, float]:
     """Estimated seconds of each step of the plan (from :data:`COST`)."""
-    est = {t.name: COST["start"] + t.steps * COST[t.task][t.role] for t in trains}
+    est = {t.name: COST["train_start"] + t.steps * COST[t.task][t.role] for t in trains}
     for c in compares:
-        answers = c.rows * c.samples
-        est[c.name] = sum(COST["start"] + answers * COST[c.task][name] for name, _ in c.conditions)
+        est[c.name] = sum(c.rows * c.samples * COST[c.task][name] for name, _ in c.conditions)
     return est
 
 
@@ -236,11 +245,15 @@ def plan_text(trains: Sequence[Train], compares: Sequence[Compare], sizes: Sizes
     est = estimate(trains, compares)
     lines = ["plan:"]
     for t in trains:
-        lines.append(f"  train   {t.name:<28} {t.steps:>4} steps x 2 rows x 4 samples   ~{est[t.name] * scale / 60:5.1f} min")
+        lines.append(
+            f"  train   {t.name:<28} {t.steps:>4} steps x 2 rows x 4 samples   ~{est[t.name] * scale / 60:5.1f} min"
+        )
     for c in compares:
         what = f"{len(c.conditions)} conditions x {c.rows} rows x {c.samples} samples"
         lines.append(f"  compare {c.name:<28} {what:<36} ~{est[c.name] * scale / 60:5.1f} min")
         lines.append(f"          {', '.join(name for name, _ in c.conditions)}")
+        if c.rescore:
+            lines.append(f"          + {', '.join(c.rescore)}: the answers of {c.rescore_from}, re-scored")
     total = sum(est.values()) * scale / 60
     lines.append(f"  estimated total: {total:.0f} min (budget {BUDGET_MINUTES} min on 2 CPU cores)")
     if scale == 1.0 and total > BUDGET_MINUTES:
@@ -316,8 +329,44 @@ def run_compare(job: Compare, out: Path, temperature: float) -> Path:
         seed=0,
         out=folder,
     )
+    if job.rescore:
+        rescore(job, folder, out / "compare" / job.rescore_from, untrained)
     (folder / "paper_comparison.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
     return folder
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
+def rescore(job: Compare, folder: Path, source: Path, config: Path) -> None:
+    """The baselines' answers of the ``source`` comparison scored by this comparison's env (``config``'s), into
+    ``folder/rescored.jsonl``; ``folder/rescored.json`` says whether both comparisons' untrained teams gave the same
+    answers (the condition for the re-scored answers to be what this comparison would have generated)."""
+    from comlrl import runconfig
+    from comlrl.cli import load_data, make_env
+
+    cfg = runconfig.load_config(config)
+    env = make_env(cfg)
+    _, rows = load_data(cfg, env)
+    env = getattr(env, "team", None) or env
+    theirs, ours = _records(source), _records(folder)
+    key = lambda r: (r["row"], r["sample"])  # noqa: E731
+    same = {key(r): r["completions"] for r in theirs if r["condition"] == REFERENCE} == {
+        key(r): r["completions"] for r in ours if r["condition"] == REFERENCE
+    }
+    picked = [r for r in theirs if r["condition"] in job.rescore]
+    batch = [dict(rows[r["row"]]) for r in picked]
+    scores = env.reward_func.score(*zip(*(r["completions"] for r in picked)), batch_items=batch)
+    with (folder / "rescored.jsonl").open("w") as fh:
+        for r, score in zip(picked, scores):
+            kept = {k: v for k, v in r.items() if not k.startswith(("level/", "metric/")) and k != "reward"}
+            fh.write(json.dumps({**kept, "reward": float(score["reward"]), **_floats(score)}) + "\n")
+    (folder / "rescored.json").write_text(json.dumps({"source": source.name, "untrained_answers_identical": same}))
+
+
+def _floats(score: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in score.items() if k != "reward" and isinstance(v, (int, float))}
 
 
 # --- the summary --------------------------------------------------------------------------------------------------
@@ -348,7 +397,6 @@ def machine() -> dict[str, Any]:
         "cores": cores,
         "memory_gib": memory,
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -389,10 +437,29 @@ def _short(text: str, n: int = 400) -> str:
 def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int = 2) -> str:
     """One comparison's tables (results, per level, the team against each condition, contributions) and samples."""
     from comlrl.algorithms.bootstrap import paired_difference, row_values
+    from comlrl.compare import summarize
 
     data = json.loads((folder / "summary.json").read_text())
     s, summary, ref = data["settings"], data["conditions"], data["reference"]
-    records = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+    records = _records(folder)
+    note = ""
+    if (folder / "rescored.jsonl").is_file():
+        extra = [json.loads(line) for line in (folder / "rescored.jsonl").read_text().splitlines() if line.strip()]
+        info = json.loads((folder / "rescored.json").read_text())
+        source = json.loads((folder.parent / info["source"] / "summary.json").read_text())["conditions"]
+        added = list(dict.fromkeys(r["condition"] for r in extra))
+        records += extra
+        row_ids = sorted({r["row"] for r in records if r["condition"] == ref})
+        both = summarize(records, [*summary, *added], ref, row_ids, s["samples"], num_resamples=s["num_resamples"],
+                         seed=s["seed"])  # fmt: skip
+        for name in added:
+            summary[name] = {**both[name], "seconds_per_answer": source[name]["seconds_per_answer"]}
+        note = (
+            f"The baselines ({', '.join(added)}) are the answers of `{info['source']}` (the same untrained models, "
+            "prompts and sampling seed) scored by this comparison's reward; both comparisons' untrained teams gave "
+            + ("the same answers." if info["untrained_answers_identical"] else "DIFFERENT answers, so these are not "
+               "what this comparison would have generated.")
+        )  # fmt: skip
     names = list(summary)
     task = list(dict.fromkeys(k for c in summary.values() for k in c["task"]))
     levels = list(dict.fromkeys(k for c in summary.values() for k in c["levels"]))
@@ -415,6 +482,8 @@ def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int =
         cells += [f"{c['tokens_per_answer']:.1f}", f"{c['seconds_per_answer']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"![{job.name}]({folder.relative_to(out)}/compare.png)", ""]
+    if note:
+        lines += [note, ""]
     if levels:
         lines += ["Per level (the mean fraction of each level's points earned):", ""]
         lines.append("| condition | " + " | ".join(k.removeprefix("level/") for k in levels) + " |")
@@ -490,11 +559,12 @@ def write_summary(
         f"* command: `{command}`",
         f"* commit: {git_commit()}",
         f"* machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB memory, "
-        f"{'GPU ' + m['gpu'] if m['gpu'] else 'no GPU'}; torch {m['torch']} ({m['torch_threads']} threads), "
+        f"{'GPU ' + m['gpu'] if m['gpu'] else 'no GPU'}; torch {m['torch']} ({timing['threads']} threads), "
         f"transformers {m['transformers']}, Python {m['python']}",
         f"* started {timing['started']}, took {timing['seconds'] / 60:.1f} min (estimated "
-        f"{sum(est.values()) / 60:.0f}); load average {timing['load_start']} at the start, {timing['load_end']} at "
-        "the end (above the core count: other jobs shared the cores, and the times are inflated)",
+        f"{sum(est.values()) / 60:.0f}); load average (1, 5, 15 min) {timing['load_start']} at the start, "
+        f"{timing['load_end']} at the end: this run alone keeps about {timing['threads']} busy, more means other jobs "
+        "shared the cores and the times are inflated",
         f"* model: {'a tiny random Llama (--smoke: the pipeline, not a result)' if smoke else 'the embedded SmolLM2-135M-Instruct'}",
         "",
         "## Settings",
@@ -581,13 +651,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--code-samples", type=int, default=d.code_samples, help="Samples per mbpp task (pass@k).")
     p.add_argument("--code-new-tokens", type=int, default=d.code_new_tokens, help="mbpp new tokens per agent.")
     p.add_argument("--no-code", action="store_true", help="Leave out the code task.")
-    p.add_argument("--rewards", nargs="+", default=list(d.rewards), choices=["strict", "published"])
+    p.add_argument(
+        "--rewards",
+        nargs="+",
+        choices=["strict", "published"],
+        help="tldr rewards, each trained on and scored by (default: both).",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=list(d.seeds), help="Training seeds, each reported apart.")
     p.add_argument("--temperature", type=float, default=d.temperature, help="Evaluation sampling temperature.")
     p.add_argument(
         "--threads",
         type=int,
-        help="torch threads (default: torch's, one per core). On cores other jobs share, 1 avoids the stalls of "
+        help="torch threads (default: torch's, one per core; --smoke: 1). On cores other jobs share, 1 avoids the stalls of "
         "threads waiting for each other (about 10x slower generation at 2 threads on 2 busy cores).",
     )
     p.add_argument("--dry-run", action="store_true", help="Print the plan and its estimated time, run nothing.")
@@ -599,12 +674,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = parse_args(argv)
     if ns.smoke:
-        sizes = dataclasses.replace(SMOKE, seeds=tuple(ns.seeds), rewards=tuple(ns.rewards), code=not ns.no_code)
+        sizes = dataclasses.replace(SMOKE, seeds=tuple(ns.seeds), code=not ns.no_code)
     else:
         sizes = Sizes(
             ns.steps, ns.rows, ns.samples, ns.new_tokens, ns.code_steps, ns.code_rows, ns.code_samples,
-            ns.code_new_tokens, ns.temperature, tuple(ns.seeds), tuple(ns.rewards), not ns.no_code,
+            ns.code_new_tokens, ns.temperature, tuple(ns.seeds), code=not ns.no_code,
         )  # fmt: skip
+    if ns.rewards:
+        sizes = dataclasses.replace(sizes, rewards=tuple(dict.fromkeys(ns.rewards)))
     out = ns.out.resolve()
     model_sets = [f"model={out / 'tiny-model'}"] if ns.smoke else []
     trains, compares = build_plan(out, sizes, model_sets)
@@ -617,22 +694,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if ns.threads:
-        import torch
+    import torch
 
+    threads = torch.get_num_threads()
+    ns.threads = ns.threads or (1 if ns.smoke else None)
+    if ns.threads:
         torch.set_num_threads(ns.threads)
     out.mkdir(parents=True, exist_ok=True)
     if ns.smoke:
         tiny_model_dir(out)
     started, load_start, start = time.strftime("%Y-%m-%d %H:%M:%S"), _load(), time.perf_counter()
-    train_info = {t.name: train(t) for t in trains}
-    for job in compares:
-        run_compare(job, out, sizes.temperature)
+    try:
+        train_info = {t.name: train(t) for t in trains}
+        for job in compares:
+            run_compare(job, out, sizes.temperature)
+    finally:
+        torch.set_num_threads(threads)  # a caller in the same process (a test) keeps its own
     timing = {
         "started": started,
         "seconds": time.perf_counter() - start,
         "load_start": load_start,
         "load_end": _load(),
+        "threads": ns.threads or threads,
     }
     path = write_summary(out, sizes, trains, compares, train_info, timing, argv, ns.smoke)
     print(f"summary: {path} ({timing['seconds'] / 60:.1f} min)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_comparison.
 def paper():
     spec = importlib.util.spec_from_file_location("paper_comparison", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    return module
+    yield module
+    del sys.modules[spec.name]
 
 
 def test_default_plan_fits_the_budget_and_holds_every_condition(paper, tmp_path, capsys):
@@ -28,11 +31,14 @@ def test_default_plan_fits_the_budget_and_holds_every_condition(paper, tmp_path,
     assert "warning" not in text
     tldr = [c for c in compares if c.task == "tldr"]
     assert [c.name for c in tldr] == ["tldr-strict-s1", "tldr-published-s1"]
+    every = ["untrained", "team", "single-grpo", "single", "parallel", "sequential", "discussion"]
     for c in tldr:
-        names = [n for n, _ in c.conditions]
-        assert names == ["untrained", "team", "single-grpo", "single", "parallel", "sequential", "discussion"]
+        # the published comparison re-scores the strict one's baseline answers instead of generating them again
+        names = [n for n, _ in c.conditions] + list(c.rescore)
+        assert sorted(names) == sorted(every) and names[:3] == every[:3]
         assert (c.rows, c.samples) == (40, 4)
-        assert f"{c.name}" in text and f"{len(names)} conditions x 40 rows x 4 samples" in text
+        assert f"{c.name}" in text and f"{len(c.conditions)} conditions x 40 rows x 4 samples" in text
+    assert tldr[1].rescore_from == "tldr-strict-s1" and tldr[0].rescore == ()
     # the team and its single agent: the same steps and rows, twice the new tokens per agent, each reward trained on
     team, single = (t for t in trains if t.name.startswith("tldr-published-"))
     assert "env.options.reward=published" in team.sets and "env.options.reward=published" in single.sets
@@ -63,12 +69,14 @@ def test_smoke_runs_the_pipeline_and_the_summary_holds_every_condition(paper, tm
         section = summary.split(f"### {job.title}\n", 1)[1].split("\n### ", 1)[0]
         data = json.loads((out / "compare" / job.name / "summary.json").read_text())
         assert list(data["conditions"]) == [n for n, _ in job.conditions]
-        for name, _ in job.conditions:
+        for name in [n for n, _ in job.conditions] + list(job.rescore):
             assert f"\n| {name} | " in section  # its row in the results table
             assert f"* **{name}**, row 0" in section  # its sample answers
         records = [json.loads(x) for x in (out / "compare" / job.name / "samples.jsonl").read_text().splitlines()]
         keys = {n: {(r["row"], r["key"]) for r in records if r["condition"] == n} for n, _ in job.conditions}
         assert len({frozenset(k) for k in keys.values()}) == 1  # every condition answered the same rows
+    assert any(job.rescore for job in compares)
+    assert "both comparisons' untrained teams gave the same answers" in summary
     assert "Contributions of the team condition's agents" in summary
     assert "pass@1" in summary  # the code task's own metric
     for t in trains:
