@@ -105,23 +105,7 @@ def test_baseline_rows_score_each_row_and_count_its_tokens():
 
 # --- conditions on a tiny model -----------------------------------------------------------------------------------
 
-SPLIT = "toy-split"
-
-
-class SplitToy(toy_env.ToyEnv):
-    """The toy env with a single-agent format: one answer, cut in half into the two roles."""
-
-    name = SPLIT
-
-    def formatters(self):
-        return [self.single_formatter()] if self.num_agents == 1 else super().formatters()
-
-    def single_formatter(self):
-        return lambda row: row["prompt"] + " Both:"
-
-    def split_single(self, answer, row):
-        half = len(answer) // 2
-        return [answer] if self.num_agents == 1 else [answer[:half], answer[half:]]
+SPLIT, SplitToy = toy_env.SPLIT_NAME, toy_env.SplitToy
 
 
 def _config(path, rows, model, **top):

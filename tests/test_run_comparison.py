@@ -17,20 +17,7 @@ from comlrl.envs.core import base
 from comlrl.errors import ConfigError
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
-SPLIT = "toy-split-run"
-
-
-class SplitToy(toy_env.ToyEnv):
-    """The toy env with a single-agent prompt: one answer, cut in half into the two roles."""
-
-    name = SPLIT
-
-    def single_formatter(self):
-        return lambda row: row["prompt"] + " Both:"
-
-    def split_single(self, answer, row):
-        half = len(answer) // 2
-        return [answer[:half], answer[half:]]
+SPLIT, SplitToy = toy_env.SPLIT_NAME, toy_env.SplitToy
 
 
 @pytest.mark.parametrize(

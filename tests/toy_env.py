@@ -45,6 +45,25 @@ class ToyEnv(base.Env):
         return ["short", "long"][: self.num_agents]
 
 
+SPLIT_NAME = "toy-split"
+
+
+class SplitToy(ToyEnv):
+    """The toy env with a single-agent format: one answer, cut in half into the two roles."""
+
+    name = SPLIT_NAME
+
+    def formatters(self):
+        return [self.single_formatter()] if self.num_agents == 1 else super().formatters()
+
+    def single_formatter(self):
+        return lambda row: row["prompt"] + " Both:"
+
+    def split_single(self, answer, row):
+        half = len(answer) // 2
+        return [answer] if self.num_agents == 1 else [answer[:half], answer[half:]]
+
+
 def register() -> None:
     base.register(NAME, ToyEnv)
 
