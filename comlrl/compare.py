@@ -29,7 +29,6 @@ Condition syntax (``[NAME=]KIND:TARGET``)::
 
 from __future__ import annotations
 
-import csv
 import gc
 import hashlib
 import json
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .algorithms.bootstrap import LEVEL, NUM_RESAMPLES, bootstrap_mean, paired_difference, row_values
+from .compare_output import markdown_table, write_outputs
 from .errors import ComlrlError
 
 if TYPE_CHECKING:
@@ -316,7 +316,8 @@ def row_key(row: dict) -> str:
 
 def _scoring_env(target: str | Path, overrides: Sequence[str]) -> tuple[Any, Any, Path]:
     from . import runconfig
-    from .cli import _run_config, load_data, make_env
+    from .cli import load_data, make_env
+    from .cli_eval import _run_config
 
     path = Path(target)
     cfg_path = _run_config(path) if path.is_dir() else path
@@ -332,7 +333,7 @@ def _scoring_env(target: str | Path, overrides: Sequence[str]) -> tuple[Any, Any
 
 
 def _open(cond: Condition, overrides: Sequence[str]) -> tuple[Any, Any, dict]:
-    from .cli import open_evaluation
+    from .cli_eval import open_evaluation
 
     trainer, env, _, models = open_evaluation(cond.target, cond.step, list(overrides))
     return trainer, env, models
@@ -432,7 +433,7 @@ def _run_baseline(
     cond: Condition, trainer: Any, cond_env: Any, env: Any, dataset: Any, samples: int, seed: int
 ) -> tuple[list[dict], dict[str, float]]:
     """The baseline on the rows, each row asked ``samples`` times: (records, the mode's own metrics)."""
-    from .cli import make_generate
+    from .cli_eval import make_generate
     from .engine.sampling import derive_seed
     from .envs.core.baselines import baseline_rows
 
@@ -526,162 +527,3 @@ def summarize(
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else math.nan
-
-
-# --- outputs ------------------------------------------------------------------------------------------------------
-
-
-def _columns(summary: dict[str, dict]) -> tuple[list[str], list[str], list[str]]:
-    """The level, task and extra columns any condition has, in first-seen order."""
-    levels, task, extra = ({}, {}, {})
-    for s in summary.values():
-        levels.update(dict.fromkeys(s["levels"]))
-        task.update(dict.fromkeys(s["task"]))
-        extra.update(dict.fromkeys(s["extra"]))
-    return list(levels), list(task), list(extra)
-
-
-def _num(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
-
-
-def _ci(i: dict) -> str:
-    return f"{_num(i['mean'])} [{_num(i['low'])}, {_num(i['high'])}]"
-
-
-def markdown_table(summary: dict[str, dict], reference: str, level: float = LEVEL) -> str:
-    """One row per condition: team reward [CI], the difference to the reference [CI], levels, task metric, tokens and
-    seconds per joint answer, and any evaluate() contribution metrics."""
-    levels, task, extra = _columns(summary)
-    pct = f"{level * 100:g}%"
-    header = [
-        "condition",
-        f"team reward [{pct} CI]",
-        f"vs {reference} [{pct} CI]",
-        *levels,
-        *task,
-        "tokens / answer",
-        "s / answer",
-        *(k.removeprefix("eval/") for k in extra),
-    ]
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "|".join("---:" for _ in header[1:]) + "|"]
-    for name, s in summary.items():
-        cells = [
-            name,
-            _ci(s["reward"]),
-            "(reference)" if name == reference else _ci(s["difference"]),
-            *(_num(s["levels"].get(k)) for k in levels),
-            *(_num(s["task"].get(k)) for k in task),
-            _num(s["tokens_per_answer"]),
-            _num(s["seconds_per_answer"]),
-            *(_num(s["extra"].get(k)) for k in extra),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def write_outputs(result: Comparison, out: Path) -> dict[str, Path]:
-    """results.md, results.csv, compare.png, samples.jsonl (every answer) and summary.json in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "markdown": out / "results.md",
-        "csv": out / "results.csv",
-        "plot": out / "compare.png",
-        "samples": out / "samples.jsonl",
-        "summary": out / "summary.json",
-    }
-    s = result.settings
-    lines = [
-        "# Comparison",
-        "",
-        f"{s['rows']} held-out rows of {s['env']} (from {s['scoring_config']}), {s['samples']} answer(s) per row, "
-        f"{s['decoding']}, seed {s['seed']}. Intervals: {s['level'] * 100:g}% percentile bootstrap over rows "
-        f"({s['num_resamples']} resamples); differences are paired over rows, against {result.reference}.",
-        "",
-        result.table(),
-        "",
-        "Conditions:",
-        "",
-        *(f"* {name}: {text}" for name, text in result.descriptions.items()),
-        "",
-        "![comparison](compare.png)",
-        "",
-    ]
-    paths["markdown"].write_text("\n".join(lines))
-    _write_csv(result, paths["csv"])
-    plot(result.summary, result.reference, paths["plot"])
-    with paths["samples"].open("w") as fh:
-        for r in result.records:
-            fh.write(json.dumps(r, default=str) + "\n")
-    paths["summary"].write_text(
-        json.dumps({"settings": s, "reference": result.reference, "conditions": result.summary}, indent=2, default=str)
-    )
-    return paths
-
-
-def _write_csv(result: Comparison, path: Path) -> None:
-    levels, task, extra = _columns(result.summary)
-    header = [
-        "condition",
-        "kind",
-        "reward_mean",
-        "reward_low",
-        "reward_high",
-        "difference_mean",
-        "difference_low",
-        "difference_high",
-        *levels,
-        *task,
-        "tokens_per_answer",
-        "seconds_per_answer",
-        *extra,
-    ]
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        for name, s in result.summary.items():
-            writer.writerow(
-                [
-                    name,
-                    s.get("kind", ""),
-                    *(s["reward"][k] for k in ("mean", "low", "high")),
-                    *(s["difference"][k] for k in ("mean", "low", "high")),
-                    *(s["levels"].get(k, "") for k in levels),
-                    *(s["task"].get(k, "") for k in task),
-                    s["tokens_per_answer"],
-                    s["seconds_per_answer"],
-                    *(s["extra"].get(k, "") for k in extra),
-                ]
-            )
-
-
-def plot(summary: dict[str, dict], reference: str, path: Path) -> Path:
-    """Bars of each condition's team reward and of its difference to the reference, with interval whiskers."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    from .report import DPI, FIGSIZE
-
-    names = list(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(max(FIGSIZE[0], 1.2 * len(names) + 3), FIGSIZE[1]), dpi=DPI)
-    for ax, (key, title) in zip(axes, (("reward", "team reward"), ("difference", f"difference to {reference}"))):
-        means = [summary[n][key]["mean"] for n in names]
-        errs = [
-            [max(m - summary[n][key]["low"], 0.0) for n, m in zip(names, means)],
-            [max(summary[n][key]["high"] - m, 0.0) for n, m in zip(names, means)],
-        ]
-        colors = ["tab:gray" if n == reference else "tab:blue" for n in names]
-        ax.bar(range(len(names)), means, yerr=errs, capsize=4, color=colors)
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-        ax.set_title(title)
-        if key == "difference":
-            ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path

@@ -560,83 +560,10 @@ MAREINFORCEConfig = _variant("MAREINFORCEConfig", "none", "MAGRPOConfig with no 
 MARLOOConfig = _variant("MARLOOConfig", "loo", "MAGRPOConfig with the leave-one-out baseline (RLOO).")
 MAReMaxConfig = _variant("MAReMaxConfig", "max", "MAGRPOConfig with the group-max baseline (ReMax-style).")
 
-
-@config_class
-class ActorCriticConfig(PolicyConfig):
-    """Config of the actor-critic trainers (IAC, MAAC): separate actors, learned value critic(s)."""
-
-    critic_type: str = help_field(
-        "v", "'v': V(prompts); 'q' (MAAC only): Q(prompts, joint action), node value = mean of Q."
-    )
-    use_separate_critic: bool = help_field(
-        True,
-        "True: a separate value model (critic_model); False: a value head on the actor's own backbone "
-        "(features detached: the value loss trains the head only, unless shared_value_loss_coef is set).",
-    )
-    shared_value_loss_coef: float | None = help_field(
-        None,
-        "With use_separate_critic=False: None trains the value head alone, on detached features, with its own "
-        "optimizer; a number c back-propagates c x mean (V - target)^2 through the actor's backbone as well, in the "
-        "actor's optimizer step, the head at the actor's learning rate (the reference library's shared critic: one "
-        "step on actor loss + c x value loss). Not used by a separate critic (its own AdamW, on which a constant "
-        "loss scale has no effect).",
-    )
-    critic_model: str | None = help_field(
-        None, "Model source of the separate critic (None = the actor's source); may be smaller."
-    )
-    critic_learning_rate: float = help_field(1e-5, "AdamW learning rate of the critic (backbone and head).")
-    critic_max_grad_norm: float = help_field(1.0, "Gradient-norm clip of the critic (0 disables).")
-    gae_lambda: float = help_field(1.0, "GAE lambda over turns: 1 = Monte-Carlo tree returns, 0 = TD(0).")
-    value_clip: float | None = help_field(None, "Clip the value update around the pre-update values (None = off).")
-    normalize_advantages: bool = help_field(
-        True,
-        "Normalize each agent's advantages to zero mean, unit std per rollout (on by default, as in CleanRL's and "
-        "TRL's PPO: early on, an untrained critic's V is far from the returns and raw advantages share one sign).",
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check_choice("critic_type", ("v", "q"))
-        if not 0.0 <= self.gae_lambda <= 1.0:
-            raise ConfigError(f"{type(self).__name__}.gae_lambda={self.gae_lambda}: must be in [0, 1].")
-        if self.critic_learning_rate < 0:
-            raise ConfigError(f"{type(self).__name__}.critic_learning_rate={self.critic_learning_rate}: must be >= 0.")
-        coef = self.shared_value_loss_coef
-        if coef is not None and (self.use_separate_critic or coef < 0):
-            raise ConfigError(
-                f"{type(self).__name__}.shared_value_loss_coef={coef}: a weight >= 0 of the value loss on "
-                "the actor's backbone, so it needs use_separate_critic=False; a separate critic has its own AdamW, "
-                "on which a constant loss scale has no effect (leave it None)."
-            )
-
-
-@config_class
-class IACConfig(ActorCriticConfig):
-    """Independent actor-critic: each agent has its own critic V_i(agent i's prompt)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.critic_type != "v":
-            raise ConfigError(
-                "IACConfig.critic_type='q': an independent critic sees only its agent; use MAACConfig for Q."
-            )
-
-
-@config_class
-class MAACConfig(ActorCriticConfig):
-    """Multi-agent actor-critic: one centralized critic over all agents' prompts (V) or prompts + joint action (Q)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.use_separate_critic:
-            raise ConfigError(
-                "MAACConfig.use_separate_critic=False: a centralized critic reads every agent's "
-                "prompt, so it cannot live on one actor's backbone; use a separate critic."
-            )
-
-
-# the preference trainers' configs live in their own module; importable from here as every config is
-from .algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt  # noqa: E402  (appended section)
+# the actor-critic, centralized and preference trainers' configs live in their own modules; importable from here
+# as every config is (the public path: users import them from comlrl.config)
+from .config_actor_critic import ActorCriticConfig, IACConfig, MAACConfig  # noqa: E402, F401  (appended section)
+from .config_centralized import CentralizedMAGRPOConfig  # noqa: E402, F401  (appended section)
 from .config_preference import (  # noqa: E402, F401  (appended section)
     COMPARATOR_API_FORMATS,
     COMPARATOR_GENERATIONS,
@@ -650,44 +577,3 @@ from .config_preference import (  # noqa: E402, F401  (appended section)
     MARLHFConfig,
     PreferenceConfig,
 )
-
-
-@config_class
-class CentralizedMAGRPOConfig(MAGRPOConfig):
-    """The centralized baseline (:class:`comlrl.trainers.centralized.CentralizedMAGRPOTrainer`): MAGRPO with one
-    model that writes every role's answer in one completion, ``<agent_1>...</agent_1> ... <agent_N>...</agent_N>``.
-
-    ``num_agents`` is the team's number of roles here, as in the decentralized team's config (an alias of
-    ``num_roles``); the trainer holds one model.
-    """
-
-    num_roles: int | None = help_field(
-        None,
-        "The team's roles N, each answered inside its <agent_i> tags (default: num_agents, else the number of "
-        "formatters given, else 2).",
-    )
-    centralized_template: str = help_field(
-        CENTRALIZED_TEMPLATE,
-        "The one model's prompt, a str.format template: {roles} (every role's prompt under an [Agent i] heading), "
-        "{format} (the <agent_i>...</agent_i> skeleton to answer in) and {num_roles}; literal braces as {{ }}.",
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        name = type(self).__name__
-        if self.num_roles is not None and self.num_roles < 1:
-            raise ConfigError(f"{name}.num_roles={self.num_roles}: must be >= 1 (or None).")
-        if self.num_roles is not None and self.num_agents not in (None, self.num_roles):
-            raise ConfigError(
-                f"{name}: num_agents={self.num_agents} disagrees with num_roles={self.num_roles} (here both count "
-                "the team's roles; set one)."
-            )
-        if "{roles}" not in self.centralized_template:
-            raise ConfigError(f"{name}.centralized_template must contain {{roles}}, where the role prompts go.")
-        try:
-            centralized_prompt(["a", "b"], self.centralized_template)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(
-                f"{name}.centralized_template: {type(exc).__name__} {exc} (its fields are {{roles}}, {{format}} and "
-                "{num_roles}; write literal braces as {{ and }})."
-            ) from exc

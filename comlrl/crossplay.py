@@ -182,7 +182,7 @@ def plan_mix(condition: Any, scoring: str | Path, env: Any, overrides: Sequence[
 
 def _slot(name: str, i: int, a: AgentSource, scoring: Path, env: Any, overrides: Sequence[str]) -> Slot:
     from . import runconfig
-    from .cli import _run_config, trained_models
+    from .cli_eval import _run_config, trained_models
 
     where = f"condition {name!r}: agent {i}"
     path = Path(a.target) if a.target else scoring
@@ -235,7 +235,8 @@ def open_team(condition: Any, scoring: str | Path, overrides: Sequence[str] = ()
     """(trainer, env, models) of a mix condition, checked against the env of the config (or run directory)
     ``scoring``."""
     from . import runconfig
-    from .cli import _run_config, make_env
+    from .cli import make_env
+    from .cli_eval import _run_config
 
     scoring = Path(scoring)
     cfg_path = _run_config(scoring) if scoring.is_dir() else scoring

@@ -299,7 +299,7 @@ def contribution_table(metrics: dict) -> list[str]:
 def comparison_section(run_dir: Path) -> list[str]:
     """Markdown lines of the run's comparison (``compare/summary.json``, written with ``evaluation.compare``): the
     trained team, the untrained team and the baselines with their intervals; none when the run has no comparison."""
-    from .compare import markdown_table
+    from .compare_output import markdown_table
     from .run_comparison import FOLDER
 
     data = _read_json(run_dir / FOLDER / "summary.json")

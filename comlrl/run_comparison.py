@@ -91,7 +91,7 @@ class RunComparison:
 
     def run_baselines(self, trainer: Any) -> None:
         """Run each baseline not yet saved with the trainer's agents, which must be untrained (before training)."""
-        from .cli import make_generate
+        from .cli_eval import make_generate
         from .compare import baseline_records
         from .engine.sampling import derive_seed
         from .envs.core.baselines import baseline_rows

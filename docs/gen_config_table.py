@@ -1,6 +1,8 @@
 """Write docs/config_reference.md: every field of each trainer config with its type, default and help.
 
-The help is each field's ``field(metadata={"help": ...})`` in comlrl/config.py (comlrl/config_preference.py for MADPO and MARLHF), the one place it is written;
+The help is each field's ``field(metadata={"help": ...})`` in comlrl/config.py
+(comlrl/config_actor_critic.py for IAC and MAAC, comlrl/config_centralized.py for CentralizedMAGRPO,
+comlrl/config_preference.py for MADPO and MARLHF), the one place it is written;
 tests/test_docs.py fails when the checked-in page differs from what this script writes now. After changing a
 config field:
 

@@ -274,7 +274,8 @@ def test_condition_syntax(setup):
 
 
 def test_summary_by_hand_with_a_task_metric_and_contribution_columns():
-    from comlrl.compare import markdown_table, summarize
+    from comlrl.compare import summarize
+    from comlrl.compare_output import markdown_table
 
     def rec(name, row, reward, passed):
         return {"condition": name, "row": row, "reward": reward, "level/run": 1.0, "metric/pass": passed, "tokens": 4}

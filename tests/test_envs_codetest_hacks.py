@@ -1,4 +1,4 @@
-"""codetest's reward pays for the task only: hacks a policy under RL pressure finds (issue 29), each scored
+"""codetest's reward pays for the task only: hacks a policy under RL pressure finds, each scored
 against the honest answer on the same problem in one batched reward call.
 
 * a tester's asserts can never switch the coder's verdict to the shared interpreter;

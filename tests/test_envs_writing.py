@@ -11,19 +11,15 @@ from comlrl.envs.writing import (
     ARXIV_TIERS,
     MARKER,
     TLDR_TIERS,
-    copied_runs,
-    counted_sentences,
     jaccard,
     plateau,
     score_writing,
     sentence_transitions,
     split_marked,
-    stem,
-    task_context,
     transition_categories,
     transition_score,
-    word_positions,
 )
+from comlrl.envs.writing_rules import copied_runs, counted_sentences, stem, task_context, word_positions
 
 # 8 distinct 4-letter words + one 5-letter word: 8 tokens... see each test for the counts.
 C1_40 = "aaaa bbbb cccc dddd eeee ffff gggg hhhhh"  # 8 tokens, 8 distinct words, 40 characters

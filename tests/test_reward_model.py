@@ -16,16 +16,14 @@ from comlrl.engine.reward_model import (
     RewardModelReward,
     attention_targets,
     build_reward_model,
-    check_readable,
     joint_texts,
     load_reward_model,
-    readable_pairs,
     save_reward_model,
     score_joint,
     score_stats,
-    split_pairs_by_prompt,
     train_reward_model,
 )
+from comlrl.engine.reward_pairs import check_readable, readable_pairs, split_pairs_by_prompt
 from comlrl.engine.rewards import compute_rewards
 from comlrl.engine.team import build_lora_team
 from comlrl.errors import ConfigError, RewardError

@@ -1,4 +1,4 @@
-"""Reward integrity: verdicts a program cannot fake (issue 23).
+"""Reward integrity: verdicts a program cannot fake.
 
 The tests run in a judge process, the program in a candidate process; only data crosses. Each
 hack of HACKS is a program written to pass tests without solving the task; none may get a passing

@@ -31,11 +31,10 @@ from ..engine.reward_model import (
     build_reward_model,
     load_reward_model,
     pair_score_stats,
-    readable_pairs,
     save_reward_model,
-    split_pairs_by_prompt,
     train_reward_model,
 )
+from ..engine.reward_pairs import readable_pairs, split_pairs_by_prompt
 from ..engine.sampling import derive_seed
 from ..errors import ConfigError
 from ..tracking import fresh_output_dir
