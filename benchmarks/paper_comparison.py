@@ -11,6 +11,9 @@ What it runs (every step through comlrl's own command line and Python API):
   agent's contribution, ``eval_contributions``), the trained single agent, and the baselines single, parallel,
   sequential and discussion with the untrained models. A later seed compares only its trained conditions with the
   untrained team: the baselines' answers do not depend on the training seed.
+* cross-play on tldr, the first reward and seed: each trained agent beside an untrained partner, the two trained
+  agents swapped (agent 1's model answering agent 0's prompt and back), and with two or more seeds agent 0 of the
+  first seed's team beside agent 1 of the second's: conventions that hold only inside one trained team show here.
 * a code task (mbpp, pass@k), the first seed only: a LoRA team and its single agent trained the same way, against
   the untrained team and the single and parallel baselines.
 
@@ -49,6 +52,13 @@ BASELINES = ("single", "parallel", "sequential", "discussion")
 CODE_BASELINES = ("single", "parallel")
 REFERENCE = "untrained"
 TEAM, SINGLE_AGENT = "team", "single-grpo"
+#: cross-play conditions: (name, sources per agent); TEAM / TEAM2 stand for the first / second seed's team run
+CROSSPLAY = (
+    ("trained0+untrained1", "TEAM,untrained"),
+    ("untrained0+trained1", "untrained,TEAM"),
+    ("swapped", "TEAM#1,TEAM#0"),
+)
+CROSSPLAY_SEEDS = ("seed1-agent0+seed2-agent1", "TEAM,TEAM2")
 BUDGET_MINUTES = 90
 
 # Seconds measured on the 2-core CI machine class with the embedded SmolLM2-135M (benchmarks/README.md, "The paper's
@@ -58,7 +68,7 @@ BUDGET_MINUTES = 90
 COST = {
     "train_start": 8.0,  # a training run's set-up and saving
     "tldr": {"team_step": 19.0, "single_step": 18.0, "untrained": 1.1, "team": 1.9, "single-grpo": 1.0,
-             "single": 1.25, "parallel": 1.4, "sequential": 1.9, "discussion": 4.0},
+             "single": 1.25, "parallel": 1.4, "sequential": 1.9, "discussion": 4.0, "crossplay": 1.5},
     "mbpp": {"team_step": 32.0, "single_step": 35.0, "untrained": 2.0, "team": 3.2, "single-grpo": 2.4,
              "single": 2.4, "parallel": 2.4},
 }  # fmt: skip
@@ -78,12 +88,16 @@ class Sizes:
     code_new_tokens: int = 96
     temperature: float = 0.7
     seeds: tuple[int, ...] = (1,)
+    crossplay_samples: int = 2
     rewards: tuple[str, ...] = ("strict", "published")
     code: bool = True
 
 
 #: the whole pipeline in well under a minute: a tiny random model (one torch thread), one step, two rows
-SMOKE = Sizes(steps=1, rows=2, samples=2, new_tokens=8, code_steps=1, code_rows=2, code_samples=2, code_new_tokens=8)
+SMOKE = Sizes(
+    steps=1, rows=2, samples=2, new_tokens=8, code_steps=1, code_rows=2, code_samples=2, code_new_tokens=8,
+    crossplay_samples=1,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -210,6 +224,8 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
                     () if first or k else BASELINES,
                 )
             )
+    if sizes.crossplay_samples:
+        compares.append(crossplay_compare(runs, sizes))
     if sizes.code:
         seed = sizes.seeds[0]
         team, single = pair("mbpp", "", seed, sizes.code_steps, sizes.code_rows, sizes.code_new_tokens, [])
@@ -232,11 +248,36 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
     return trains, compares
 
 
+def crossplay_compare(runs: Path, sizes: Sizes) -> Compare:
+    """Cross-play on tldr with the first reward's team of the first seed (and the second seed's, when there is one)
+    against the untrained team and that team itself."""
+    reward, seed = sizes.rewards[0], sizes.seeds[0]
+    team = f"tldr-{reward}-team-s{seed}"
+    pairs = [*CROSSPLAY, *([CROSSPLAY_SEEDS] if len(sizes.seeds) > 1 else [])]
+    second = runs / f"tldr-{reward}-team-s{sizes.seeds[-1]}"
+    mixes = [
+        (name, "mix:" + sources.replace("TEAM2", str(second)).replace("TEAM", str(runs / team)))
+        for name, sources in pairs
+    ]
+    return Compare(
+        f"tldr-{reward}-s{seed}-crossplay",
+        "tldr",
+        f"tldr, {reward} reward, training seed {seed}: cross-play",
+        ((REFERENCE, "untrained:UNTRAINED"), (TEAM, f"run:{runs / team}"), *mixes),
+        sizes.rows,
+        sizes.crossplay_samples,
+        team,
+    )
+
+
 def estimate(trains: Sequence[Train], compares: Sequence[Compare]) -> dict[str, float]:
     """Estimated seconds of each step of the plan (from :data:`COST`)."""
     est = {t.name: COST["train_start"] + t.steps * COST[t.task][t.role] for t in trains}
     for c in compares:
-        est[c.name] = sum(c.rows * c.samples * COST[c.task][name] for name, _ in c.conditions)
+        cost = COST[c.task]
+        est[c.name] = sum(
+            c.rows * c.samples * (cost[name] if name in cost else cost["crossplay"]) for name, _ in c.conditions
+        )
     return est
 
 
@@ -652,6 +693,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--code-new-tokens", type=int, default=d.code_new_tokens, help="mbpp new tokens per agent.")
     p.add_argument("--no-code", action="store_true", help="Leave out the code task.")
     p.add_argument(
+        "--crossplay-samples",
+        type=int,
+        default=d.crossplay_samples,
+        help=f"Samples per post of the cross-play comparison (default {d.crossplay_samples}; 0 leaves it out).",
+    )
+    p.add_argument(
         "--rewards",
         nargs="+",
         choices=["strict", "published"],
@@ -674,11 +721,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = parse_args(argv)
     if ns.smoke:
-        sizes = dataclasses.replace(SMOKE, seeds=tuple(ns.seeds), code=not ns.no_code)
+        sizes = dataclasses.replace(
+            SMOKE, seeds=tuple(ns.seeds), code=not ns.no_code, crossplay_samples=min(ns.crossplay_samples, 1)
+        )
     else:
         sizes = Sizes(
             ns.steps, ns.rows, ns.samples, ns.new_tokens, ns.code_steps, ns.code_rows, ns.code_samples,
-            ns.code_new_tokens, ns.temperature, tuple(ns.seeds), code=not ns.no_code,
+            ns.code_new_tokens, ns.temperature, tuple(ns.seeds), ns.crossplay_samples, code=not ns.no_code,
         )  # fmt: skip
     if ns.rewards:
         sizes = dataclasses.replace(sizes, rewards=tuple(dict.fromkeys(ns.rewards)))

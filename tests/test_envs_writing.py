@@ -134,6 +134,11 @@ def test_single_agent_marker_split():
     assert split_marked(f"Short one.\n{MARKER}\nLong one here.") == ("Short one.", "Long one here.")
     assert split_marked("### Part 1\nShort.\n**PART 2**\nLong.") == ("Short.", "Long.")
     assert split_marked("no marker at all") == ("no marker at all", "")
+    # no marker: the first blank line separates the parts; later blank lines stay inside part 2
+    assert split_marked("\n\nShort one.\n  \nLong one.\n\nMore of it.") == ("Short one.", "Long one.\n\nMore of it.")
+    assert split_marked("One line.\nNext line, same paragraph.") == ("One line.\nNext line, same paragraph.", "")
+    # the marker wins over an earlier blank line
+    assert split_marked(f"Short.\n\nStill part one.\n{MARKER}\nLong.") == ("Short.\n\nStill part one.", "Long.")
     single = envs.make("tldr", num_agents=1)
     row = _packaged_row("tldr", 2)
     c1, c2 = HONEST[("tldr", 2)]

@@ -30,7 +30,17 @@ def test_default_plan_fits_the_budget_and_holds_every_condition(paper, tmp_path,
     assert sum(paper.estimate(trains, compares).values()) / 60 <= paper.BUDGET_MINUTES
     assert "warning" not in text
     tldr = [c for c in compares if c.task == "tldr"]
-    assert [c.name for c in tldr] == ["tldr-strict-s1", "tldr-published-s1"]
+    assert [c.name for c in tldr] == ["tldr-strict-s1", "tldr-published-s1", "tldr-strict-s1-crossplay"]
+    crossplay = tldr.pop()
+    team = str(tmp_path / "runs" / "tldr-strict-team-s1")
+    assert dict(crossplay.conditions) == {
+        "untrained": "untrained:UNTRAINED",
+        "team": f"run:{team}",
+        "trained0+untrained1": f"mix:{team},untrained",
+        "untrained0+trained1": f"mix:untrained,{team}",
+        "swapped": f"mix:{team}#1,{team}#0",
+    }
+    assert (crossplay.rows, crossplay.samples) == (40, 2)
     every = ["untrained", "team", "single-grpo", "single", "parallel", "sequential", "discussion"]
     for c in tldr:
         # the published comparison re-scores the strict one's baseline answers instead of generating them again
@@ -57,6 +67,9 @@ def test_a_second_seed_compares_only_its_trained_conditions(paper, tmp_path):
     second = compares[1]
     assert second.name == "tldr-strict-s2" and second.untrained_from == "tldr-strict-team-s2"
     assert [n for n, _ in second.conditions] == ["untrained", "team", "single-grpo"]
+    # cross-play pairs agent 0 of the first seed's team with agent 1 of the second's
+    seeds = dict(compares[2].conditions)["seed1-agent0+seed2-agent1"]
+    assert seeds == f"mix:{tmp_path / 'runs' / 'tldr-strict-team-s1'},{tmp_path / 'runs' / 'tldr-strict-team-s2'}"
     assert "training.seed=2" in trains[2].sets
 
 
@@ -79,6 +92,7 @@ def test_smoke_runs_the_pipeline_and_the_summary_holds_every_condition(paper, tm
     assert "both comparisons' untrained teams gave the same answers" in summary
     assert "Contributions of the team condition's agents" in summary
     assert "pass@1" in summary  # the code task's own metric
+    assert "\n| swapped | " in summary  # cross-play
     for t in trains:
         assert (out / "runs" / t.name / "final").is_dir()
     assert "commit: " in summary and "torch " in summary and "cores" in summary

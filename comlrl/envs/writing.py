@@ -63,7 +63,9 @@ boilerplate such as "attention in recent years"); filler inside a sentence that 
 text's words shuffled out of their order into sentences with stop words, also count.
 
 With ``num_agents=1`` one model writes both parts separated by the marker line ``### PART 2`` and the
-reward splits its answer there (the single-agent baseline).
+reward splits its answer there (the single-agent baseline); an answer without the marker is split at its first blank
+line, so a model that writes two paragraphs but not the literal marker still hands in two parts (any split a blank
+line makes, the marker could make too: the fallback pays for nothing the marker does not).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ log = logging.getLogger(__name__)
 MARKER = "### PART 2"
 _MARKER_LINE = re.compile(r"^[ \t#*=\-]*part\s*2\b.*$", re.I | re.M)
 _PART1_LINE = re.compile(r"^[ \t#*=\-]*part\s*1\b[^\n]*\n?", re.I)
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _WORD = re.compile(r"\b\w+\b")
 _TRANSITION_RE = {
     cat: re.compile(
@@ -249,10 +252,15 @@ def _no_context(row: dict) -> TaskContext:
 
 
 def split_marked(answer: str) -> tuple[str, str]:
-    """Split a single-agent answer at the ``PART 2`` marker line: (part 1, part 2); part 2 is '' without it."""
+    """Split a single-agent answer into (part 1, part 2) at the ``PART 2`` marker line, else at its first blank line
+    (after any leading blank lines); part 2 is '' with neither."""
     match = _MARKER_LINE.search(answer)
     if match is None:
-        return answer.strip(), ""
+        text = answer.strip()
+        blank = _BLANK_LINE.search(text)
+        if blank is None:
+            return text, ""
+        return text[: blank.start()].strip(), text[blank.end() :].strip()
     first = _PART1_LINE.sub("", answer[: match.start()].strip(), count=1)
     return first.strip(), answer[match.end() :].strip()
 
