@@ -21,9 +21,9 @@ from pathlib import Path
 
 from peft import LoraConfig
 
-from comlrl.config import MADPOConfig
-from comlrl.engine.sampling import derive_seed
-from comlrl.trainers.preference import MADPOTrainer
+from comlrl.configs.preference import MADPOConfig
+from comlrl.rollout.sampling import derive_seed
+from comlrl.trainers.madpo import MADPOTrainer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
 

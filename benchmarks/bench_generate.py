@@ -23,8 +23,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from comlrl.accel.fastgen import fast_generate
-from comlrl.engine.models import load_model, load_tokenizer
-from comlrl.engine.rollout import completion_mask, eos_ids, format_prompt, left_pad
+from comlrl.engine.models import left_pad, load_model, load_tokenizer
+from comlrl.rollout.rollout import completion_mask, eos_ids, format_prompt
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
 FALLBACK_PROMPTS = [

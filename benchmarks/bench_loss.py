@@ -45,7 +45,7 @@ def build(setup: str) -> torch.nn.Module:
     return model.train()
 
 
-# variant -> the training-forward switch of comlrl.engine.rollout it turns off
+# variant -> the training-forward switch of comlrl.rollout.rollout it turns off
 _OFF = {"sdpa": "training_attention", "eager_layers": "lean_layers"}
 
 

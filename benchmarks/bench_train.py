@@ -136,8 +136,8 @@ def run_generate(batch: int, rounds: int = 3, lora_agents: int = 0) -> dict:
     (up to EOS) per second, the baseline the rollout path is compared with. Default: the fp32 model. ``lora_agents``:
     the same model a bf16 LoRA team rolls out -- the bf16 base with one r=16 adapter per agent, each agent's rows
     routed to its adapter by ``generate(adapter_names=...)`` (PEFT's mixed-batch generate)."""
-    from comlrl.engine.models import load_model, load_tokenizer
-    from comlrl.engine.rollout import completion_mask, eos_ids, format_prompt, left_pad
+    from comlrl.engine.models import left_pad, load_model, load_tokenizer
+    from comlrl.rollout.rollout import completion_mask, eos_ids, format_prompt
 
     model, tok = load_model("embedded").eval(), load_tokenizer("embedded")
     stop = eos_ids(model, tok)

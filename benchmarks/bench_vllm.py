@@ -1,7 +1,7 @@
 """Rollout engines side by side: comlrl's decode loop, transformers' ``generate`` and vLLM on the embedded team.
 
-The three engines behind ``comlrl.engine.generation`` (``comlrl``, ``transformers``, ``vllm``: a colocated vLLM
-engine in this process, ``comlrl.engine.vllm_engine``), each in two layouts of a 2-agent SmolLM2-135M-Instruct team:
+The three engines behind ``comlrl.rollout.generation`` (``comlrl``, ``transformers``, ``vllm``: a colocated vLLM
+engine in this process, ``comlrl.rollout.vllm_engine``), each in two layouts of a 2-agent SmolLM2-135M-Instruct team:
 ``lora`` (one shared base with a LoRA adapter per agent, r=8 on q/k/v/o; both agents' rows in one batch, routed by
 ``PromptBatch.adapter_names``) and ``full`` (two model copies, one call per agent, one after the other). Variants are
 named ``<engine>_<layout>``. fp32 unless ``--bf16`` (bf16 rollouts as the trainer runs them with ``bf16=True``: a
@@ -98,9 +98,10 @@ def batches(layout: str, teams: dict, tok, texts: list[str], samples: int, seed:
     """(model, PromptBatch) per call of a round: one for the LoRA team, one per agent for the full copies. Rows as
     ``rollout._encode`` makes them: chat prompts, ``samples`` rows per prompt, left-padded, per-row seeds keyed as
     ``episode.generate_team`` keys them (seed, agent, row)."""
-    from comlrl.engine.generation import PromptBatch
-    from comlrl.engine.rollout import eos_ids, format_prompt, left_pad
-    from comlrl.engine.sampling import derive_seed
+    from comlrl.engine.models import left_pad
+    from comlrl.rollout.protocol import PromptBatch
+    from comlrl.rollout.rollout import eos_ids, format_prompt
+    from comlrl.rollout.sampling import derive_seed
 
     encoded = [format_prompt(tok, t, chat=True) for t in texts]
     rows = [e for e in encoded for _ in range(samples)]
@@ -121,11 +122,12 @@ def batches(layout: str, teams: dict, tok, texts: list[str], samples: int, seed:
 def run_rollouts(ns: argparse.Namespace, names: list[str]) -> tuple[dict, float | None]:
     """Part (a): tokens/s per variant, interleaved round by round; round 0 is each variant's first call. Returns
     each variant's figures and the seconds ``import vllm`` took (None without a vLLM variant)."""
-    from comlrl.engine.generation import ROLLOUT_ENGINES, VLLM_ENGINE, GenerationSettings
     from comlrl.engine.models import load_tokenizer
-    from comlrl.engine.rollout import completion_mask
-    from comlrl.engine.sampling import derive_seed
-    from comlrl.engine.vllm_engine import vllm_process_guard
+    from comlrl.rollout.generation import ROLLOUT_ENGINES, VLLM_ENGINE
+    from comlrl.rollout.protocol import GenerationSettings
+    from comlrl.rollout.rollout import completion_mask
+    from comlrl.rollout.sampling import derive_seed
+    from comlrl.rollout.vllm_engine import vllm_process_guard
 
     tok = load_tokenizer("embedded")
     teams = build_teams(ns.bf16)

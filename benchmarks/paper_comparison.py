@@ -385,7 +385,7 @@ def rescore(job: Compare, folder: Path, source: Path, config: Path) -> None:
     ``folder/rescored.jsonl``; ``folder/rescored.json`` says whether both comparisons' untrained teams gave the same
     answers (the condition for the re-scored answers to be what this comparison would have generated)."""
     from comlrl import runconfig
-    from comlrl.cli import load_data, make_env
+    from comlrl.runs import load_data, make_env
 
     cfg = runconfig.load_config(config)
     env = make_env(cfg)

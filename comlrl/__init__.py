@@ -26,9 +26,9 @@ _EXPORTS = {
     ),
     "comlrl.trainers.actor_critic": ("IACTrainer", "MAACTrainer"),
     "comlrl.trainers.centralized": ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"),
-    "comlrl.trainers.preference": ("MADPOTrainer",),
+    "comlrl.trainers.madpo": ("MADPOTrainer",),
     # ours; the reference's paths (comlrl.trainers.actor_critic, .preference) hold its configs of these names
-    "comlrl.config": ("IACConfig", "MAACConfig", "MADPOConfig"),
+    "comlrl.configs": ("IACConfig", "MAACConfig", "MADPOConfig"),
     "comlrl.trainers.marlhf": ("MARLHFConfig", "MARLHFTrainer"),
     "comlrl.errors": ("ComlrlError", "ConfigError"),
 }

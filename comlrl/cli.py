@@ -26,60 +26,9 @@ from typing import Any
 from . import runconfig
 from .cli_eval import cmd_compare, cmd_evaluate
 from .errors import ComlrlError
+from .runs import BASELINES, build_trainer, load_data, make_env
 
 log = logging.getLogger("comlrl.cli")
-
-BASELINES = ("single", "parallel", "sequential", "discussion", "centralized")
-
-
-# --- building a run from a config ------------------------------------------------------------------
-
-
-def make_env(cfg: runconfig.RunConfig) -> Any:
-    from . import envs
-
-    return envs.make(cfg.env.name, num_agents=cfg.team_size, format=cfg.env.format, **cfg.env.options)
-
-
-def load_data(cfg: runconfig.RunConfig, env: Any) -> tuple[Any, Any]:
-    """(train rows, eval rows or None) as the ``data`` section says; held-out rows never enter training."""
-    d = cfg.data
-    split = {} if d.split is None else {"split": d.split}
-    if not d.eval_limit:
-        return env.load_dataset(d.source, limit=d.limit, **split), None
-    if d.eval_split != "holdout":
-        train = env.load_dataset(d.source, limit=d.limit, **split)
-        return train, env.load_dataset(d.eval_source or d.source, split=d.eval_split, limit=d.eval_limit)
-    if d.eval_source not in (None, d.source):
-        raise ComlrlError(
-            "data.eval_split=holdout takes evaluation rows from data.source; unset data.eval_source "
-            "or give eval_split a split name."
-        )
-    rows = env.load_dataset(d.source, limit=None if d.limit is None else d.limit + d.eval_limit, **split)
-    n = len(rows)
-    if n <= d.eval_limit:
-        raise ComlrlError(
-            f"data: {n} rows cannot hold out data.eval_limit={d.eval_limit} evaluation rows and still "
-            "train; lower eval_limit or add rows."
-        )
-    return rows.select(range(n - d.eval_limit)), rows.select(range(n - d.eval_limit, n))
-
-
-def build_trainer(cfg: runconfig.RunConfig, env: Any, train: Any, evaluation: Any, output_dir: str) -> Any:
-    """The algorithm's trainer for this env, data and team (loads the models)."""
-    args = cfg.trainer_config(env_defaults=env.defaults, output_dir=output_dir)
-    team = {"agents": cfg.agents} if cfg.agents is not None else {"model": cfg.model, "num_agents": cfg.team_size}
-    return cfg.algo.trainer_class()(
-        **team,
-        tokenizer=cfg.tokenizer,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        reward_func=env.reward_func,
-        formatters=env.formatters(),
-        external_transition=env.external_transition,
-        peft_config=cfg.lora_config(),
-        args=args,
-    )
 
 
 def run_directory(cfg: runconfig.RunConfig) -> Path:
@@ -98,7 +47,7 @@ def run_directory(cfg: runconfig.RunConfig) -> Path:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from . import distributed, sharding
+    from .parallel import distributed, sharding
 
     if getattr(ns, "nproc", 0):  # the same command under torchrun, one process per rank (docs/distributed.md)
         args = ["-v"] * bool(getattr(ns, "verbose", False)) + ["train", ns.config]
@@ -127,7 +76,8 @@ def _open_run(cfg: runconfig.RunConfig) -> tuple[Path, Path | None]:
 
 
 def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) -> int:
-    from . import distributed, report, tracking
+    from . import report, tracking
+    from .parallel import distributed
 
     main = distributed.is_main()  # under torchrun, run files are written by rank 0 only
     env = make_env(cfg)
@@ -198,7 +148,8 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
 
 def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     """Create the run directory; on resume return the checkpoint to continue from (None: start over)."""
-    from . import checkpoint, tracking
+    from . import tracking
+    from .parallel import checkpoint
 
     has_run = (run_dir / tracking.METRICS_FILE).exists() or bool(checkpoint.checkpoints(run_dir))
     if has_run and not resume:
@@ -314,7 +265,7 @@ def _schema_epilog() -> str:
         for key, text in keys.items():
             name = f"{section}.{key}" if section else key
             lines.append(f"  {name:<22} {text}")
-    lines.append("  training.<field>        any field of the algorithm's config class (comlrl.config)")
+    lines.append("  training.<field>        any field of the algorithm's config class (comlrl.configs)")
     lines.append(f"algorithms: {', '.join(runconfig.ALGORITHMS)}")
     return "\n".join(lines)
 

@@ -37,16 +37,13 @@ import math
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .algorithms.bootstrap import LEVEL, NUM_RESAMPLES, bootstrap_mean, paired_difference, row_values
-from .compare_output import markdown_table, write_outputs
+from .compare_output import Comparison, Condition
 from .errors import ComlrlError
-
-if TYPE_CHECKING:
-    from .crossplay import AgentSource
+from .runs import strip_step
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +53,9 @@ TASK_METRICS = {"metric/pass": "pass", "metric/accuracy": "accuracy", "metric/bf
 CONTRIBUTION_PREFIX = "eval/contribution/"
 
 
-@dataclass(frozen=True)
-class Condition:
-    """One condition of a comparison (see the module docstring for the syntax :func:`parse_condition` reads)."""
-
-    name: str
-    kind: str
-    target: str
-    step: int | None = None
-    mode: str | None = None
-    agents: tuple[AgentSource, ...] = ()  # a mix's source of each agent
-
-    @property
-    def models(self) -> tuple[str, int | None]:
-        """What the condition loads: (run directory or config, checkpoint step); conditions sharing it share models."""
-        if self.kind == "mix":
-            return "mix:" + ",".join(a.key for a in self.agents), None
-        return str(Path(self.target).resolve()), self.step
-
-
 def parse_condition(text: str) -> Condition:
     """A :class:`Condition` from ``[NAME=]KIND:TARGET`` (or a bare run directory / config path)."""
-    from .cli import BASELINES
+    from .runs import BASELINES
 
     spec, name = text.strip(), None
     labelled = re.match(r"^([^=:/\\]+)=(.+)$", spec)
@@ -85,7 +63,7 @@ def parse_condition(text: str) -> Condition:
         name, spec = labelled.group(1).strip(), labelled.group(2).strip()
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in KINDS:
-        kind, rest = ("run" if Path(_strip_step(spec)[0]).is_dir() else "untrained"), spec
+        kind, rest = ("run" if Path(strip_step(spec)[0]).is_dir() else "untrained"), spec
     if not rest and kind != "mix":
         raise ComlrlError(f"condition {text!r}: {kind}: needs a target, e.g. {kind}:{_EXAMPLES[kind]}.")
     if kind == "baseline":
@@ -102,7 +80,7 @@ def parse_condition(text: str) -> Condition:
         agents = parse_agents(rest, text)
         return Condition(name or "+".join(a.label() for a in agents), kind, mix_target(agents), agents=agents)
     if kind == "run":
-        target, step = _strip_step(rest)
+        target, step = strip_step(rest)
         if not Path(target).is_dir():
             raise ComlrlError(f"condition {text!r}: {target} is not a run directory (written by comlrl train).")
         return Condition(name or (Path(target).name + (f"@{step}" if step is not None else "")), kind, target, step)
@@ -112,11 +90,6 @@ def parse_condition(text: str) -> Condition:
 
 
 _EXAMPLES = {"run": "runs/quickstart-...", "untrained": "configs/quickstart.yaml", "baseline": "single@CONFIG.yaml"}
-
-
-def _strip_step(target: str) -> tuple[str, int | None]:
-    m = re.match(r"^(.*)@(\d+)$", target)
-    return (m.group(1), int(m.group(2))) if m else (target, None)
 
 
 # --- scoring ------------------------------------------------------------------------------------------------------
@@ -162,30 +135,6 @@ def scoring_reward(trainer: Any, env: Any, name: str) -> Any:
         f"condition {name!r}: a team of {trainer.num_agents} agents cannot be scored by {env.name} with "
         f"{env.num_agents} agents; compare teams of the scoring config's size, or single agents."
     )
-
-
-# --- the comparison -----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Comparison:
-    """What :func:`compare` returns: the settings, the rows, every sample's result and each condition's summary."""
-
-    conditions: list[Condition]
-    reference: str
-    rows: list[dict[str, Any]]  # {"row": id, "key": a hash of the row's content}
-    records: list[dict[str, Any]]  # one per condition, row and sample
-    summary: dict[str, dict[str, Any]]  # per condition name
-    settings: dict[str, Any]
-    descriptions: dict[str, str] = field(default_factory=dict)
-
-    def table(self) -> str:
-        """The summary as a markdown table."""
-        return markdown_table(self.summary, self.reference, self.settings.get("level", LEVEL))
-
-    def write(self, out: str | Path) -> dict[str, Path]:
-        """results.md, results.csv, compare.png, samples.jsonl and summary.json in ``out``."""
-        return write_outputs(self, Path(out))
 
 
 def compare(
@@ -316,11 +265,10 @@ def row_key(row: dict) -> str:
 
 def _scoring_env(target: str | Path, overrides: Sequence[str]) -> tuple[Any, Any, Path]:
     from . import runconfig
-    from .cli import load_data, make_env
-    from .cli_eval import _run_config
+    from .runs import load_data, make_env, run_config_file
 
     path = Path(target)
-    cfg_path = _run_config(path) if path.is_dir() else path
+    cfg_path = run_config_file(path) if path.is_dir() else path
     cfg = runconfig.load_config(cfg_path, list(overrides))
     if not cfg.data.eval_limit:
         raise ComlrlError(
@@ -333,7 +281,7 @@ def _scoring_env(target: str | Path, overrides: Sequence[str]) -> tuple[Any, Any
 
 
 def _open(cond: Condition, overrides: Sequence[str]) -> tuple[Any, Any, dict]:
-    from .cli_eval import open_evaluation
+    from .runs import open_evaluation
 
     trainer, env, _, models = open_evaluation(cond.target, cond.step, list(overrides))
     return trainer, env, models
@@ -353,7 +301,7 @@ def _core(trainer: Any) -> Any:
 def _set_decoding(trainer: Any, temperature: float, seed: int) -> None:
     """Every condition decodes alike: greedy, or plain sampling at ``temperature`` (no top-p, top-k or penalty), and
     answers each row with K joint answers (sample k of every agent: a cross-trained team is not scored on K^N)."""
-    from .config_fields import own_field
+    from .configs.fields import own_field
 
     args = _core(trainer).args
     args.eval_do_sample = temperature > 0
@@ -396,7 +344,7 @@ def _run_team(
 def episode_records(episodes: Sequence[Any]) -> list[dict]:
     """One record per row and joint answer of an evaluation's episodes (a trainer's ``last_eval_episodes``): ``row``,
     ``sample``, ``reward``, its levels, ``tokens`` (generated for the joint answer) and ``completions``."""
-    from .trainers.episode import joint_indices
+    from .rollout.episode import joint_indices
 
     records = []
     for episode in episodes:
@@ -433,9 +381,9 @@ def _run_baseline(
     cond: Condition, trainer: Any, cond_env: Any, env: Any, dataset: Any, samples: int, seed: int
 ) -> tuple[list[dict], dict[str, float]]:
     """The baseline on the rows, each row asked ``samples`` times: (records, the mode's own metrics)."""
-    from .cli_eval import make_generate
-    from .engine.sampling import derive_seed
     from .envs.core.baselines import baseline_rows
+    from .rollout.sampling import derive_seed
+    from .runs import make_generate
 
     if cond_env.num_agents != env.num_agents:
         raise ComlrlError(

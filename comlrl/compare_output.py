@@ -1,18 +1,62 @@
-"""The outputs of ``comlrl compare``: the summary as a markdown table, results.md, results.csv, compare.png (bars
-with interval whiskers), samples.jsonl (every answer) and summary.json (:meth:`comlrl.compare.Comparison.write`)."""
+"""What ``comlrl compare`` returns (:class:`Comparison`, over :class:`Condition` s) and its outputs: the summary as a
+markdown table, results.md, results.csv, compare.png (bars with interval whiskers), samples.jsonl (every answer) and
+summary.json (:meth:`Comparison.write`)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .algorithms.bootstrap import LEVEL
+from .plots import DPI, FIGSIZE, pyplot
 
 if TYPE_CHECKING:
-    from .compare import Comparison
+    from .crossplay import AgentSource
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition of a comparison (the syntax :func:`comlrl.compare.parse_condition` reads is in
+    :mod:`comlrl.compare`)."""
+
+    name: str
+    kind: str
+    target: str
+    step: int | None = None
+    mode: str | None = None
+    agents: tuple[AgentSource, ...] = ()  # a mix's source of each agent
+
+    @property
+    def models(self) -> tuple[str, int | None]:
+        """What the condition loads: (run directory or config, checkpoint step); conditions sharing it share models."""
+        if self.kind == "mix":
+            return "mix:" + ",".join(a.key for a in self.agents), None
+        return str(Path(self.target).resolve()), self.step
+
+
+@dataclass
+class Comparison:
+    """What :func:`comlrl.compare.compare` returns: the settings, the rows, every sample's result and each condition's summary."""
+
+    conditions: list[Condition]
+    reference: str
+    rows: list[dict[str, Any]]  # {"row": id, "key": a hash of the row's content}
+    records: list[dict[str, Any]]  # one per condition, row and sample
+    summary: dict[str, dict[str, Any]]  # per condition name
+    settings: dict[str, Any]
+    descriptions: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The summary as a markdown table."""
+        return markdown_table(self.summary, self.reference, self.settings.get("level", LEVEL))
+
+    def write(self, out: str | Path) -> dict[str, Path]:
+        """results.md, results.csv, compare.png, samples.jsonl and summary.json in ``out``."""
+        return write_outputs(self, Path(out))
 
 
 def _columns(summary: dict[str, dict]) -> tuple[list[str], list[str], list[str]]:
@@ -143,13 +187,7 @@ def _write_csv(result: Comparison, path: Path) -> None:
 
 def plot(summary: dict[str, dict], reference: str, path: Path) -> Path:
     """Bars of each condition's team reward and of its difference to the reference, with interval whiskers."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    from .report import DPI, FIGSIZE
-
+    plt = pyplot()
     names = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(max(FIGSIZE[0], 1.2 * len(names) + 3), FIGSIZE[1]), dpi=DPI)
     for ax, (key, title) in zip(axes, (("reward", "team reward"), ("difference", f"difference to {reference}"))):

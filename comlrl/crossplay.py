@@ -12,7 +12,7 @@ Source syntax (``mix:SOURCE,SOURCE,...``)::
     untrained:CONFIG       agent i's model of CONFIG, untrained (a bare file: the same)
     SOURCE#J               agent J of the run (or config) instead of agent i
 
-The mix is built as ``comlrl eval`` builds a run's own team (:func:`comlrl.cli.build_trainer` with
+The mix is built as ``comlrl eval`` builds a run's own team (:func:`comlrl.runs.build_trainer` with
 ``agents=[...]``, one model source per agent: the base model its run names), then each trained agent's saved
 weights or LoRA adapter are loaded into it; so a mix of a run's own agents answers exactly as the run does. A fully
 fine-tuned agent in a mix with LoRA agents is loaded from its saved folder (a fresh adapter on it changes nothing).
@@ -73,7 +73,7 @@ def parse_agents(text: str, condition: str) -> tuple[AgentSource, ...]:
 
 def parse_agent(text: str, position: int, condition: str) -> AgentSource:
     """One source of a mix (see the module docstring), for the agent at ``position``."""
-    from .compare import _strip_step
+    from .runs import strip_step
 
     spec, index = text.strip(), None
     m = re.match(r"^(.*)#(\d+)$", spec)
@@ -86,7 +86,7 @@ def parse_agent(text: str, position: int, condition: str) -> AgentSource:
         return AgentSource("untrained", None, None, index)
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in AGENT_KINDS:
-        if Path(_strip_step(spec)[0]).is_dir():
+        if Path(strip_step(spec)[0]).is_dir():
             kind, rest = "run", spec
         elif Path(spec).is_file():
             kind, rest = "untrained", spec
@@ -96,7 +96,7 @@ def parse_agent(text: str, position: int, condition: str) -> AgentSource:
                 "untrained:CONFIG."
             )
     if kind == "run":
-        target, step = _strip_step(rest)
+        target, step = strip_step(rest)
         if not Path(target).is_dir():
             raise ComlrlError(f"{where}: {target} is not a run directory (written by comlrl train).")
         return AgentSource("run", target, step, index)
@@ -182,11 +182,11 @@ def plan_mix(condition: Any, scoring: str | Path, env: Any, overrides: Sequence[
 
 def _slot(name: str, i: int, a: AgentSource, scoring: Path, env: Any, overrides: Sequence[str]) -> Slot:
     from . import runconfig
-    from .cli_eval import _run_config, trained_models
+    from .runs import run_config_file, trained_models
 
     where = f"condition {name!r}: agent {i}"
     path = Path(a.target) if a.target else scoring
-    cfg = runconfig.load_config(_run_config(path) if a.kind == "run" else path, list(overrides))
+    cfg = runconfig.load_config(run_config_file(path) if a.kind == "run" else path, list(overrides))
     origin = f"run {path}" if a.kind == "run" else str(path)
     if cfg.env.name != env.name:
         raise ComlrlError(
@@ -219,8 +219,8 @@ def _slot(name: str, i: int, a: AgentSource, scoring: Path, env: Any, overrides:
 
 def open_mix(plan: MixPlan) -> tuple[Any, Any, dict[str, Any]]:
     """(trainer, env, models) of a planned mix, every agent's weights loaded."""
-    from .checkpoint import load_weights
-    from .cli import build_trainer, make_env
+    from .parallel.checkpoint import load_weights
+    from .runs import build_trainer, make_env
 
     env = make_env(plan.cfg)
     trainer = build_trainer(plan.cfg, env, None, None, plan.output_dir)
@@ -235,10 +235,9 @@ def open_team(condition: Any, scoring: str | Path, overrides: Sequence[str] = ()
     """(trainer, env, models) of a mix condition, checked against the env of the config (or run directory)
     ``scoring``."""
     from . import runconfig
-    from .cli import make_env
-    from .cli_eval import _run_config
+    from .runs import make_env, run_config_file
 
     scoring = Path(scoring)
-    cfg_path = _run_config(scoring) if scoring.is_dir() else scoring
+    cfg_path = run_config_file(scoring) if scoring.is_dir() else scoring
     env = make_env(runconfig.load_config(cfg_path, list(overrides)))
     return open_mix(plan_mix(condition, cfg_path, getattr(env, "team", None) or env, overrides))

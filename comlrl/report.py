@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ComlrlError
+from .plots import DPI, FIGSIZE, pyplot
 from .tracking import SAMPLES_DIR, read_metrics, read_run_info
-
-FIGSIZE = (8.0, 4.5)  # inches; at DPI 100 every plot is 800 x 450 pixels
-DPI = 100
 
 
 def smooth(values: list[float], alpha: float | None = None) -> list[float]:
@@ -53,23 +51,16 @@ def _keys(rows: list[dict], prefix: str, suffix: str = "") -> list[str]:
 
 
 def _figure() -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    fig, ax = pyplot().subplots(figsize=FIGSIZE, dpi=DPI)
     ax.grid(alpha=0.3)
     ax.set_xlabel("step")
     return fig, ax
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)  # no bbox_inches="tight": every plot keeps the fixed size
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -143,17 +134,12 @@ def plot_rounds(path: Path, out: Path, max_panels: int = 8) -> Path | None:
     if len(rounds) > max_panels:
         picks = sorted({round(i * (len(rounds) - 1) / (max_panels - 1)) for i in range(max_panels)})
         rounds = [rounds[i] for i in picks]
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     values = [v for r in rounds for key in ("team_rewards", "comparator_rewards") for v in r.get(key, [])]
     lo, hi = min(values), max(values)
     bins = 12 if hi > lo else 1
     cols = min(4, len(rounds))
     rows_n = math.ceil(len(rounds) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=FIGSIZE, dpi=DPI, squeeze=False, sharex=True)
+    fig, axes = pyplot().subplots(rows_n, cols, figsize=FIGSIZE, dpi=DPI, squeeze=False, sharex=True)
     for ax, r in zip(axes.flat, rounds):
         ax.hist(r["team_rewards"], bins=bins, range=(lo, hi or lo + 1), alpha=0.6, label="team", color="tab:blue")
         if r.get("comparator_rewards"):

@@ -91,10 +91,10 @@ class RunComparison:
 
     def run_baselines(self, trainer: Any) -> None:
         """Run each baseline not yet saved with the trainer's agents, which must be untrained (before training)."""
-        from .cli_eval import make_generate
         from .compare import baseline_records
-        from .engine.sampling import derive_seed
         from .envs.core.baselines import baseline_rows
+        from .rollout.sampling import derive_seed
+        from .runs import make_generate
 
         rows = [dict(self.dataset[i]) for i in self._row_ids() for _ in range(self.baseline_samples)]
         for mode in self.modes:
@@ -144,9 +144,10 @@ class RunComparison:
     # --- writing ------------------------------------------------------------------------------------------------
 
     def write(self) -> Any:
-        """The :class:`~comlrl.compare.Comparison` of the trained team, the untrained team and the baselines, with
+        """The :class:`~comlrl.compare_output.Comparison` of the trained team, the untrained team and the baselines, with
         its outputs written into ``RUN_DIR/compare/``."""
-        from .compare import Comparison, Condition, summarize
+        from .compare import summarize
+        from .compare_output import Comparison, Condition
 
         names = [TRAINED, UNTRAINED, *self.modes]
         saved = {name: self._load(name) for name in names}

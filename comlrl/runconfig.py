@@ -26,7 +26,7 @@ model is loaded. Schema (every key optional except ``env.name``)::
     num_agents: 2                 # team size with model (default 2, or len(agents); 1 with env.format single)
     tokenizer: null               # one tokenizer source or one per agent (default: each model's own)
     lora: null                    # peft.LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: [q_proj, v_proj]}
-    training: {}                  # fields of the algorithm's config class (comlrl.config), e.g. learning_rate
+    training: {}                  # fields of the algorithm's config class (comlrl.configs), e.g. learning_rate
     evaluation: {before: true, after: true, num_samples: 3, compare: []}  # compare: baselines set beside the
                                   # trained and the untrained team at the end (compare/, report.md)
     report: true                  # write plots and a summary (comlrl report) at the end
@@ -46,7 +46,8 @@ from typing import Any
 
 import yaml
 
-from .config import TrainConfig, help_field, suggest
+from .configs.base import TrainConfig
+from .configs.fields import help_field, suggest
 from .errors import ConfigError
 
 # --- algorithms -----------------------------------------------------------------------------------
@@ -82,55 +83,55 @@ def register_algorithm(name: str, trainer: str, config: str, description: str = 
 register_algorithm(
     "magrpo",
     "comlrl.trainers.magrpo:MAGRPOTrainer",
-    "comlrl.config:MAGRPOConfig",
+    "comlrl.configs:MAGRPOConfig",
     "multi-agent GRPO: group-mean baseline",
 )
 register_algorithm(
     "mareinforce",
     "comlrl.trainers.magrpo:MAREINFORCETrainer",
-    "comlrl.config:MAREINFORCEConfig",
+    "comlrl.configs:MAREINFORCEConfig",
     "multi-agent REINFORCE: no baseline",
 )
 register_algorithm(
     "marloo",
     "comlrl.trainers.magrpo:MARLOOTrainer",
-    "comlrl.config:MARLOOConfig",
+    "comlrl.configs:MARLOOConfig",
     "multi-agent RLOO: leave-one-out baseline",
 )
 register_algorithm(
     "maremax",
     "comlrl.trainers.magrpo:MAReMaxTrainer",
-    "comlrl.config:MAReMaxConfig",
+    "comlrl.configs:MAReMaxConfig",
     "multi-agent ReMax: group-max baseline",
 )
 register_algorithm(
     "iac",
     "comlrl.trainers.actor_critic:IACTrainer",
-    "comlrl.config:IACConfig",
+    "comlrl.configs:IACConfig",
     "independent actor-critic: a value critic per agent",
 )
 register_algorithm(
     "maac",
     "comlrl.trainers.actor_critic:MAACTrainer",
-    "comlrl.config:MAACConfig",
+    "comlrl.configs:MAACConfig",
     "multi-agent actor-critic: one centralized critic",
 )
 register_algorithm(
     "centralized_magrpo",
     "comlrl.trainers.centralized:CentralizedMAGRPOTrainer",
-    "comlrl.config:CentralizedMAGRPOConfig",
+    "comlrl.configs:CentralizedMAGRPOConfig",
     "centralized baseline: one model writes every role's answer in <agent_i> tags (MAGRPO on the joint answer)",
 )
 register_algorithm(
     "madpo",
-    "comlrl.trainers.preference:MADPOTrainer",
-    "comlrl.config:MADPOConfig",
+    "comlrl.trainers.madpo:MADPOTrainer",
+    "comlrl.configs:MADPOConfig",
     "multi-agent DPO: online rounds of team candidates -> preference pairs -> per-agent DPO",
 )
 register_algorithm(
     "marlhf",
     "comlrl.trainers.marlhf:MARLHFTrainer",
-    "comlrl.config:MARLHFConfig",
+    "comlrl.configs:MARLHFConfig",
     "multi-agent RLHF: preference pairs -> joint reward model -> RL against it",
 )
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .config import suggest
+from .configs.fields import suggest
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -74,9 +74,10 @@ def own_weights(agent) -> dict[str, torch.Tensor]:
 
 def run(out: str | Path, spec: dict) -> dict:
     """Train the tiny team; returns the trainer's train() output (weights and history go to ``out``)."""
-    from comlrl import checkpoint
-    from comlrl.config import IACConfig, MAACConfig, MAGRPOConfig
-    from comlrl.sharding import local_bytes
+    from comlrl.configs.actor_critic import IACConfig, MAACConfig
+    from comlrl.configs.policy import MAGRPOConfig
+    from comlrl.parallel import checkpoint
+    from comlrl.parallel.sharding import local_bytes
     from comlrl.trainers.actor_critic import IACTrainer, MAACTrainer
     from comlrl.trainers.magrpo import MAGRPOTrainer
 

@@ -108,7 +108,7 @@ def test_tree_returns_terminated_branch_keeps_reward():
 
 def test_cross_mode_multi_turn_credits_each_sample_with_its_joint_actions_tree_returns():
     """G=2, N=2, two turns: each of the root's 4 joint actions has a child node with 4 joint actions of its own."""
-    from comlrl.trainers.episode import Episode, Turn, episode_advantages
+    from comlrl.rollout.episode import Episode, Turn, episode_advantages
 
     r0 = torch.tensor([[1.0, 2.0, 3.0, 4.0]])  # joint actions (0,0), (0,1), (1,0), (1,1)
     r1 = torch.tensor([[0.0] * 4, [4.0] * 4, [0.0, 2.0, 0.0, 2.0], [8.0] * 4])  # child means 0, 4, 1, 8
@@ -136,7 +136,7 @@ def test_standardize_recentres_after_any_baseline_by_hand():
 
 
 def test_expanded_branches_by_scope():
-    from comlrl.trainers.episode import expanded_branches
+    from comlrl.rollout.episode import expanded_branches
 
     r = torch.tensor([0.1, 0.5, 0.9])
     assert expanded_branches(r, None) == [True, True, True]

@@ -14,11 +14,11 @@ import torch
 from test_trainer import ROWS, cfg, length_reward, weights
 from tiny import tiny_model, tiny_tokenizer
 
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ConfigError
 from comlrl.trainers.actor_critic import IACTrainer
+from comlrl.trainers.build import source_groups
 from comlrl.trainers.magrpo import MAGRPOTrainer
-from comlrl.trainers.setup import source_groups
 from comlrl.trainers.update import PolicyUpdate
 
 FORMATTERS = [lambda e: e["prompt"], lambda e: e["prompt"] + " More detail:"]

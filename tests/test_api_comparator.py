@@ -11,7 +11,7 @@ from test_madpo import ROWS, cfg, length_reward
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.algorithms.preference import TaggedCentralizedComparatorAdapter, centralized_prompt
-from comlrl.config import MADPOConfig
+from comlrl.configs.preference import MADPOConfig
 from comlrl.engine.api_client import (
     Answer,
     APIClient,
@@ -23,7 +23,8 @@ from comlrl.engine.api_client import (
     request_headers,
 )
 from comlrl.errors import CentralizedComparatorParseError, ConfigError
-from comlrl.trainers.preference import MADPOTrainer, read_jsonl, shard_path
+from comlrl.trainers.madpo import MADPOTrainer
+from comlrl.trainers.pairs import read_jsonl, shard_path
 
 KEY_ENV, KEY = "COMLRL_TEST_COMPARATOR_KEY", "sk-test-not-a-real-key"
 FORMATTERS = [lambda row: "A: " + row["prompt"], lambda row: "B: " + row["prompt"]]

@@ -14,20 +14,14 @@ import torch
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import runconfig
-from comlrl.config import (
-    IACConfig,
-    MAACConfig,
-    MAGRPOConfig,
-    MAREINFORCEConfig,
-    MAReMaxConfig,
-    MARLOOConfig,
-    TrainConfig,
-)
+from comlrl.configs.actor_critic import IACConfig, MAACConfig
+from comlrl.configs.base import TrainConfig
+from comlrl.configs.policy import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl.engine.models import load_model, load_tokenizer
 from comlrl.errors import ConfigError, FormatterError, ModelLoadError, RewardError, TransitionError
-from comlrl.trainers.episode import TRANSITION_KWARGS, Node, check_transition, transition
+from comlrl.rollout.episode import TRANSITION_KWARGS, Node, check_transition, transition
+from comlrl.trainers.build import check_batch_size
 from comlrl.trainers.magrpo import MAGRPOTrainer, MARLOOTrainer
-from comlrl.trainers.setup import check_batch_size
 
 ROWS = [{"prompt": f"q{i}", "question": f"what is {i}?"} for i in range(4)]
 
@@ -406,13 +400,13 @@ def test_wrong_transition_signature_fails_at_construction_with_the_valid_names()
 
 
 def test_batch_larger_than_dataset_warns_with_both_numbers(caplog):
-    with caplog.at_level(logging.WARNING, logger="comlrl.trainers.setup"):
+    with caplog.at_level(logging.WARNING, logger="comlrl.trainers.build"):
         check_batch_size(3, 8)
     [record] = caplog.records
     assert record.levelno == logging.WARNING
     assert "per_device_train_batch_size=8 is larger than train_dataset (3 rows)" in record.getMessage()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="comlrl.trainers.setup"):
+    with caplog.at_level(logging.WARNING, logger="comlrl.trainers.build"):
         check_batch_size(8, 8)
         check_batch_size(10, 4)
         check_batch_size(0, 4)  # an empty dataset is _check_dataset's error, not this warning

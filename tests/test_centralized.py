@@ -8,7 +8,8 @@ import toy_env
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt, join_roles
-from comlrl.config import CentralizedMAGRPOConfig, MAGRPOConfig
+from comlrl.configs.centralized import CentralizedMAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.engine.rewards import compute_rewards
 from comlrl.envs.core.baselines import run_baseline
 from comlrl.errors import ConfigError
@@ -189,7 +190,7 @@ def test_team_arguments_are_checked():
         CentralizedMAGRPOTrainer(num_agents=3, formatters=FORMATTERS, args=cfg(), **kw)
     with pytest.raises(ConfigError, match="trains one model"):
         CentralizedMAGRPOTrainer(agents=[tiny_model(), tiny_model()], **{k: v for k, v in kw.items() if k != "model"})
-    from comlrl.config import IACConfig
+    from comlrl.configs.actor_critic import IACConfig
 
     with pytest.raises(ConfigError, match="needs args=CentralizedMAGRPOConfig"):
         CentralizedMAGRPOTrainer(args=IACConfig(), **kw)
@@ -228,7 +229,7 @@ def test_algorithm_is_registered_and_exported():
     import comlrl
     import comlrl.trainers
     from comlrl import runconfig
-    from comlrl.cli import BASELINES
+    from comlrl.runs import BASELINES
 
     algo = runconfig.get_algorithm("centralized_magrpo")
     assert algo.trainer_class() is CentralizedMAGRPOTrainer and algo.config_class() is CentralizedMAGRPOConfig

@@ -16,8 +16,8 @@ import toy_env
 from safetensors.torch import load_file
 from tiny import tiny_model, tiny_tokenizer
 
-from comlrl import checkpoint
 from comlrl.cli import main
+from comlrl.parallel import checkpoint
 from comlrl.tracking import read_metrics, truncate_metrics
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
@@ -189,7 +189,7 @@ DRIVER = textwrap.dedent("""
     import toy_env
     toy_env.register()
     mode, step, marker = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    import comlrl.checkpoint as ck
+    import comlrl.parallel.checkpoint as ck
     import comlrl.trainers.base as base
     if mode == "checkpoint":  # stop for good after the first file of checkpoint-<step> reached the disk
         def pause(path):

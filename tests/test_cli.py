@@ -147,7 +147,7 @@ def test_actor_critic_algorithms_are_registered():
 
 def test_algorithm_registry_is_extensible():
     algo = runconfig.register_algorithm(
-        "test-algo", "comlrl.trainers.magrpo:MAGRPOTrainer", "comlrl.config:MAGRPOConfig"
+        "test-algo", "comlrl.trainers.magrpo:MAGRPOTrainer", "comlrl.configs:MAGRPOConfig"
     )
     try:
         cfg = runconfig.load_config(CONFIGS / "quickstart.yaml", ["algorithm=test-algo"])

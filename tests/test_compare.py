@@ -18,7 +18,7 @@ from comlrl import envs
 from comlrl.algorithms.bootstrap import bootstrap_mean, paired_difference, resample_indices, row_values
 from comlrl.cli import main
 from comlrl.compare import Condition, compare, parse_condition
-from comlrl.envs.core import base
+from comlrl.envs.core import registry
 from comlrl.errors import ComlrlError
 
 # --- the statistics ---------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def _config(path, rows, model, **top):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny model, a team config and a single-agent config of the split toy env, a trained run of each."""
-    base.register(SPLIT, SplitToy)
+    registry.register(SPLIT, SplitToy)
     root = tmp_path_factory.mktemp("compare")
     model = root / "model"
     tiny_model().save_pretrained(model)
@@ -142,7 +142,7 @@ def setup(tmp_path_factory):
         "team": root / "team-run",
         "solo": root / "solo-run",
     }
-    base.ENVS.pop(SPLIT, None)
+    registry.ENVS.pop(SPLIT, None)
 
 
 @pytest.fixture(scope="module")

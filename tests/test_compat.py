@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import comlrl
-from comlrl import config as ours
+from comlrl import configs as ours
 from comlrl.compat import fields as compat_fields
 from comlrl.compat.keywords import reference_hooks
 from comlrl.errors import ConfigError
@@ -259,7 +259,7 @@ def test_reference_fields_read_back_as_given_or_defaulted():
     import copy
     import pickle
 
-    from comlrl.config_fields import own_field
+    from comlrl.configs.fields import own_field
 
     reinforce = importlib.import_module("comlrl.trainers.reinforce")
     actor_critic = importlib.import_module("comlrl.trainers.actor_critic")
@@ -723,7 +723,7 @@ def test_reference_style_trainer_reads_rows_in_order_and_evaluates_by_sampling(t
 
 def test_cross_credit_sums_or_averages_the_joint_returns():
     from comlrl.algorithms.advantages import cross_credit
-    from comlrl.trainers.episode import Episode, Turn, episode_advantages
+    from comlrl.rollout.episode import Episode, Turn, episode_advantages
 
     joint = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])  # one node, G = 2, agent 0 on axis 1, agent 1 on axis 2
     assert cross_credit(joint, 0).tolist() == [[1.5, 3.5]] and cross_credit(joint, 1).tolist() == [[2.0, 3.0]]
@@ -756,7 +756,7 @@ def test_reference_cross_mode_sums_credit_and_maps_crossed(tiny_dir, tmp_path):
         ours.MAGRPOConfig(joint_mode="crossed")
     with pytest.raises(ConfigError, match="cross_credit='max'"):
         ours.MAGRPOConfig(cross_credit="max")
-    from comlrl.trainers.episode import Episode, Turn
+    from comlrl.rollout.episode import Episode, Turn
 
     trainer = reinforce.MAGRPOTrainer(
         agent_model=tiny_dir,

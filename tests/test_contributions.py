@@ -10,7 +10,7 @@ from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import report
 from comlrl.algorithms.bootstrap import bootstrap_mean
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ConfigError
 from comlrl.trainers.contributions import contribution_metrics, untrained_agents
 from comlrl.trainers.magrpo import MAGRPOTrainer

@@ -28,13 +28,15 @@ from test_trainer import ROWS, cfg, length_reward, weights
 from tiny import tiny_model, tiny_tokenizer
 from transformers import LogitsProcessorList
 
-from comlrl import distributed
 from comlrl.accel.fastgen import fast_generate
 from comlrl.accel.llama_decoder import LlamaDecoder
 from comlrl.accel.sampler import SamplerSettings
 from comlrl.engine.logprobs import completion_logprobs
-from comlrl.engine.rollout import GenerationSettings, generate, left_pad
-from comlrl.engine.sampling import RowSeededSampler
+from comlrl.engine.models import left_pad
+from comlrl.parallel import distributed
+from comlrl.rollout.protocol import GenerationSettings
+from comlrl.rollout.rollout import generate
+from comlrl.rollout.sampling import RowSeededSampler
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 pytestmark = pytest.mark.cuda
@@ -300,9 +302,9 @@ def test_fsdp_offload_one_gpu_world_of_one_clips_gradients(tmp_path, device):
     step; the norm and the updated weights match the unsharded model's on the GPU."""
     import torch.distributed as dist
 
-    from comlrl import distributed, sharding
-    from comlrl.config import MAGRPOConfig
-    from comlrl.trainers.setup import build_optimizer
+    from comlrl.configs.policy import MAGRPOConfig
+    from comlrl.parallel import distributed, sharding
+    from comlrl.trainers.build import build_optimizer
 
     if device.type != "cuda":
         pytest.skip("offload moves shards from a GPU to CPU memory; nothing to offload on CPU")

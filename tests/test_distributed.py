@@ -1,4 +1,4 @@
-"""Scale-out with torchrun (comlrl.distributed): placement, per-row sampling, and real gloo jobs on CPU.
+"""Scale-out with torchrun (comlrl.parallel): placement, per-row sampling, and real gloo jobs on CPU.
 
 The multi-process tests launch ``python -m torch.distributed.run`` on tests/dist_worker.py (a tiny 2-agent team)
 and compare each rank's agents with the single-process run of the same config:
@@ -27,11 +27,12 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_tokenizer
 
-from comlrl import checkpoint, distributed
-from comlrl.distributed import Placement, concat_samples, resolve_placement, shard_bounds
-from comlrl.engine.rollout import GenerationSettings, generate
-from comlrl.engine.sampling import derive_seed, gumbel_sample, row_generators
 from comlrl.errors import ConfigError
+from comlrl.parallel import checkpoint, distributed
+from comlrl.parallel.placement import Placement, resolve_placement, shard_bounds
+from comlrl.rollout.protocol import GenerationSettings
+from comlrl.rollout.rollout import concat_samples, generate
+from comlrl.rollout.sampling import derive_seed, gumbel_sample, row_generators
 
 TESTS = Path(__file__).resolve().parent
 DP_ATOL = 5e-5  # 0.5% of one lr=1e-2 step; see the module docstring
@@ -120,7 +121,7 @@ def test_gumbel_sampling_draws_from_the_softmax():
 
 
 def test_row_seeded_inverse_cdf_sampling_draws_from_the_warped_softmax():
-    from comlrl.engine.sampling import RowSeededSampler
+    from comlrl.rollout.sampling import RowSeededSampler
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf")]]).repeat(20000, 1)
     sampler = RowSeededSampler(range(20000), temperature=0.7, top_k=3)
@@ -444,7 +445,7 @@ def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_
 
 
 def test_gradient_buckets_coalesce_small_tensors_in_order():
-    from comlrl.distributed import grad_buckets
+    from comlrl.parallel.placement import grad_buckets
 
     small = [torch.zeros(10) for _ in range(5)]  # 40 bytes each
     big, half = torch.zeros(100), torch.zeros(10, dtype=torch.float64)  # 400 bytes; 80 bytes of another dtype

@@ -9,7 +9,7 @@ import yaml
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import envs, runconfig
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ComlrlError, ConfigError
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
@@ -120,7 +120,7 @@ def _tree(**env):
 
 
 def test_run_config_env_format_single_builds_the_single_env():
-    from comlrl.cli import make_env
+    from comlrl.runs import make_env
 
     cfg = runconfig.from_dict({**_tree(format="single"), "num_agents": 1})
     assert cfg.team_size == 1 and make_env(cfg).num_agents == 1 and make_env(cfg).team.num_agents == 2

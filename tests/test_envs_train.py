@@ -7,7 +7,7 @@ import pytest
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import envs
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 SOURCES = {

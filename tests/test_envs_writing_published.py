@@ -8,7 +8,7 @@ import pytest
 from test_envs_writing import HONEST, _packaged_row, writing_hacks
 
 import comlrl.envs as envs
-from comlrl import cli, runconfig
+from comlrl import runconfig, runs
 from comlrl.envs.writing import count_tokens, distinct_words
 
 # tldr's first output: 10 tokens, 10 distinct words, 110 characters (ten 10-letter words + 9 spaces + 1 letter)
@@ -225,10 +225,10 @@ def test_unknown_reward_name_is_refused_with_the_valid_ones():
 def test_reward_option_from_a_yaml_config(tmp_path):
     path = tmp_path / "published.yaml"
     path.write_text("env:\n  name: tldr\n  options: {reward: published}\nmodel: embedded\n")
-    env = cli.make_env(runconfig.load_config(path))
+    env = runs.make_env(runconfig.load_config(path))
     c2 = text(20, 240, extra=["however"])
     assert env.reward_func.score([C1], [c2])[0]["reward"] == pytest.approx(2.16)  # whole texts count
     assert envs.make("tldr").reward_func.score([C1], [c2])[0]["reward"] < 0.5  # strict: a list of codes, no prose
     path.write_text("env:\n  name: tldr\n  options: {reward: nonsense}\nmodel: embedded\n")
     with pytest.raises(ValueError, match="unknown reward 'nonsense'.*strict, published"):
-        cli.make_env(runconfig.load_config(path))
+        runs.make_env(runconfig.load_config(path))

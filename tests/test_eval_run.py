@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.cli import main
-from comlrl.cli_eval import open_evaluation
+from comlrl.runs import open_evaluation
 
 LORA = "lora={r: 4, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"
 

@@ -22,7 +22,7 @@ from comlrl.accel.decode_weights import can_prepack
 from comlrl.accel.fastgen import fast_generate, sample_tokens, supports_fast_generate
 from comlrl.accel.llama_decoder import LlamaDecoder
 from comlrl.accel.sampler import top_p_filter
-from comlrl.engine.rollout import left_pad
+from comlrl.engine.models import left_pad
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21], [1, 30, 31, 32, 33, 34], [1, 40], [1, 50, 51, 52]]
 # chi-square critical value for 7 degrees of freedom at p = 1e-4 (the tests are seeded: a margin, not a flake rate)
@@ -343,7 +343,7 @@ def test_sample_fn_row_seeded_matches_generate():
     """With rollout's per-row seeded sampler plugged in, fast_generate samples exactly generate's tokens."""
     from transformers import LogitsProcessorList
 
-    from comlrl.engine.sampling import RowSeededSampler
+    from comlrl.rollout.sampling import RowSeededSampler
 
     model = tiny_model().eval()
     ids, mask = left_pad(PROMPTS, 0)
@@ -435,7 +435,7 @@ def smollm():
 @pytest.mark.slow  # loads the real model; ~5 s on an idle CPU
 def test_greedy_matches_generate_smollm2(smollm):
     """SmolLM2-135M (fp32): 32 greedy tokens for 3 chat prompts of different lengths, token for token."""
-    from comlrl.engine.rollout import eos_ids, format_prompt
+    from comlrl.rollout.rollout import eos_ids, format_prompt
 
     model, tok = smollm
     texts = [
@@ -459,8 +459,9 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
 
     from tiny import tiny_tokenizer
 
-    from comlrl.engine import rollout
-    from comlrl.engine.rollout import GenerationRequest, GenerationSettings, generate, generate_concurrently
+    from comlrl.rollout import rollout
+    from comlrl.rollout.protocol import GenerationSettings
+    from comlrl.rollout.rollout import GenerationRequest, generate, generate_concurrently
 
     models, tok = [tiny_model(seed=1).eval(), tiny_model(seed=2).eval()], tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True)
@@ -510,7 +511,8 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
 
     from comlrl.accel.sampler import SamplerSettings
     from comlrl.engine.logprobs import completion_logprobs
-    from comlrl.engine.rollout import GenerationSettings, generate
+    from comlrl.rollout.protocol import GenerationSettings
+    from comlrl.rollout.rollout import generate
 
     model, tok = tiny_model(seed=3).eval(), tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast, logprobs=True)

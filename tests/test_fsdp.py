@@ -1,4 +1,4 @@
-"""FSDP2 sharding of agents under torchrun (comlrl.sharding): real gloo jobs on CPU against one process.
+"""FSDP2 sharding of agents under torchrun (comlrl.parallel.sharding): real gloo jobs on CPU against one process.
 
 Every job trains tests/dist_worker.py's tiny 2-agent team in fp32 (bf16 off, so no mixed-precision policy) and is
 compared with the single-process run of the same config. Sampling is keyed per row, so the samples are bitwise
@@ -28,9 +28,10 @@ from test_distributed import (
     torchrun,
 )
 
-from comlrl import checkpoint, distributed
 from comlrl.errors import ConfigError
-from comlrl.sharding import ShardingPlan, clip_grad_norm_, mesh_layout, mesh_shape, sharding_plan
+from comlrl.parallel import checkpoint, distributed, job
+from comlrl.parallel.placement import resolve_placement
+from comlrl.parallel.sharding import ShardingPlan, clip_grad_norm_, mesh_layout, mesh_shape, sharding_plan
 
 FSDP_ATOL = 5e-5
 BASE = {"max_steps": 4, "save_steps": 2, "num_turns": 2, "per_device_train_batch_size": 3, "bf16": False}
@@ -62,7 +63,7 @@ def test_fsdp_options_parse_like_transformers_and_bad_ones_are_named():
 
 
 def test_config_checks_the_fsdp_fields():
-    from comlrl.config import MAGRPOConfig
+    from comlrl.configs.policy import MAGRPOConfig
 
     with pytest.raises(ConfigError, match="unknown option"):
         MAGRPOConfig(fsdp="zero3")
@@ -79,7 +80,7 @@ def test_mesh_shapes():
 
 def _hybrid_meshes(agents: int, nodes: int, per_node: int) -> list[list[list[int]]]:
     """Each agent's hybrid_shard mesh (rows: replicas, each a shard group) under the default placement."""
-    placement = distributed.resolve_placement(agents, nodes * per_node)
+    placement = resolve_placement(agents, nodes * per_node)
     return [mesh_layout(ranks, ShardingPlan(hybrid=True), per_node) for ranks in placement.ranks]
 
 
@@ -96,7 +97,7 @@ def _hybrid_meshes(agents: int, nodes: int, per_node: int) -> list[list[list[int
 )
 def test_hybrid_shard_groups_are_the_agents_own_ranks_on_one_node(agents, nodes, per_node, shape):
     meshes = _hybrid_meshes(agents, nodes, per_node)
-    placement = distributed.resolve_placement(agents, nodes * per_node)
+    placement = resolve_placement(agents, nodes * per_node)
     for i, (rows, ranks) in enumerate(zip(meshes, placement.ranks)):
         assert (len(rows), len(rows[0])) == shape, i
         assert all(len({r // per_node for r in row}) == 1 for row in rows), (i, rows)  # a group stays in its node
@@ -115,7 +116,7 @@ def test_hybrid_shard_uneven_ranks_per_node_ask_for_a_shard_size():
     # 3 agents on 3 x 8 ranks: agent 0 holds ranks 0, 3, 6 | 9, 12, 15 | 18, 21 -- 3, 3 and 2 on the three nodes
     with pytest.raises(ConfigError, match=r"agent on ranks \[0, 3, .*\[3, 3, 2\].*hybrid_shard_size.*\[1, 2, 4, 8\]"):
         _hybrid_meshes(3, 3, 8)
-    ranks = distributed.resolve_placement(3, 24).ranks[0]
+    ranks = resolve_placement(3, 24).ranks[0]
     assert mesh_layout(ranks, ShardingPlan(hybrid=True, shard_size=2), 8) == [[0, 3], [6, 9], [12, 15], [18, 21]]
 
 
@@ -145,14 +146,14 @@ def fake_gpu_job(monkeypatch):
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kw: asked.append(backend))
     monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: asked[-1])
     monkeypatch.setattr(distributed.dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(distributed, "DistTeam", lambda placement, device, timeout, plan: plan)
+    monkeypatch.setattr(job, "DistTeam", lambda placement, device, timeout, plan: plan)
     return asked
 
 
 @pytest.mark.parametrize("fsdp, backend", [("full_shard", "nccl"), ("full_shard offload", "cuda:nccl,cpu:gloo")])
 def test_setup_initializes_the_backend_the_fsdp_plan_needs(fake_gpu_job, fsdp, backend):
     args = type("Args", (), {"fsdp": fsdp, "fsdp_config": None, "placement": None})()
-    plan = distributed.setup(args, num_agents=2)
+    plan = job.setup(args, num_agents=2)
     assert fake_gpu_job == [backend] and plan.offload_params == ("offload" in fsdp)
 
 

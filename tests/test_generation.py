@@ -1,4 +1,4 @@
-"""The rollout-engine seam (comlrl.engine.generation): both engines behind it sample alike, selection happens in one
+"""The rollout-engine seam (comlrl.rollout.generation): both engines behind it sample alike, selection happens in one
 place, another engine slots in by name, and use_vllm without vLLM fails at construction with what to do."""
 
 from __future__ import annotations
@@ -12,21 +12,20 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_tokenizer
 
-from comlrl.config import MAGRPOConfig
-from comlrl.engine import generation
-from comlrl.engine.generation import (
+from comlrl.configs.policy import MAGRPOConfig
+from comlrl.engine.models import left_pad
+from comlrl.errors import ConfigError
+from comlrl.rollout import generation
+from comlrl.rollout.generation import (
     DECODE_LOOP,
     ROLLOUT_ENGINES,
     TRANSFORMERS,
-    Completions,
-    GenerationSettings,
-    PromptBatch,
     check_engine_available,
     register_engine,
     select_engine,
 )
-from comlrl.engine.rollout import eos_ids, format_prompt, generate, left_pad
-from comlrl.errors import ConfigError
+from comlrl.rollout.protocol import Completions, GenerationSettings, PromptBatch
+from comlrl.rollout.rollout import eos_ids, format_prompt, generate
 
 PROMPTS = ["ab", "hello there, how are you", "x"]
 
@@ -63,7 +62,7 @@ def test_each_engine_samples_what_its_decode_path_samples_from_the_same_row_seed
     from transformers import LogitsProcessorList
 
     from comlrl.accel.fastgen import fast_generate
-    from comlrl.engine.sampling import RowSeededSampler
+    from comlrl.rollout.sampling import RowSeededSampler
 
     model, tok = tiny_model(seed=1).eval(), tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=10, temperature=0.8, top_k=40)
@@ -145,7 +144,7 @@ def test_a_registered_engine_serves_rollouts_without_the_loop_knowing(monkeypatc
 
 def test_an_engines_truncation_flags_override_the_stop_id_rule():
     """An engine that stopped a row for its own length limit says so; the mask still ends at the first stop id."""
-    from comlrl.engine.rollout import GenerationRequest, _finish
+    from comlrl.rollout.rollout import GenerationRequest, _finish
 
     model, tok = tiny_model(), tiny_tokenizer()
     batch = prompt_batch(model, tok, g=1)

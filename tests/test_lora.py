@@ -4,10 +4,10 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from tiny import tiny_model, tiny_tokenizer
 
-from comlrl.config import MAGRPOConfig
-from comlrl.engine.rollout import GenerationSettings
+from comlrl.configs.policy import MAGRPOConfig
+from comlrl.rollout.episode import root_nodes
+from comlrl.rollout.protocol import GenerationSettings
 from comlrl.trainers.base import FrozenLogprobs
-from comlrl.trainers.episode import root_nodes
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 ROWS = [{"prompt": f"Task {i}: go."} for i in range(4)]
@@ -91,7 +91,7 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
     _sync_adapters(shared, plain)
     ep = shared.rollout(ROWS[:2], [0, 1], shared.generation_settings(), 2, shared.reward_func)
     from comlrl.algorithms.losses import loss_weights
-    from comlrl.trainers.episode import episode_advantages
+    from comlrl.rollout.episode import episode_advantages
 
     adv = episode_advantages(ep, 3, 2)
     for i in range(3):
@@ -113,7 +113,7 @@ def test_mixed_adapter_generation_matches_one_agent_at_a_time():
     _sync_adapters(shared, plain)
     greedy = GenerationSettings(max_new_tokens=6, do_sample=False, logprobs=True)
     nodes = root_nodes(shared.agents, ROWS[:2], [0, 1])
-    from comlrl.trainers.episode import generate_team
+    from comlrl.rollout.episode import generate_team
 
     together = generate_team(shared.agents, nodes, 1, greedy)
     alone = generate_team(plain.agents, nodes, 1, greedy)
@@ -203,7 +203,7 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
     own agent's pass -- with the same prompt for every agent (rows of different adapters must not be packed together)
     and a longer prompt for one agent (padding)."""
     from comlrl.algorithms.losses import loss_weights
-    from comlrl.trainers.episode import episode_advantages
+    from comlrl.rollout.episode import episode_advantages
 
     fmts = [lambda r: r["prompt"], lambda r: "Answer in a few words, please. " + r["prompt"], lambda r: r["prompt"]]
     t = trainer(bf16=True, formatters=fmts, team_lora_forward=True)
@@ -245,7 +245,7 @@ def test_team_lora_forward_is_used_only_where_it_routes_exactly():
     assert [len(g) for g in trainer(bf16=True, team_lora_forward=3)._update_groups()] == [3]
     import pytest
 
-    from comlrl.config import ConfigError
+    from comlrl.errors import ConfigError
 
     for bad in (0, -2, 1.5, "yes"):
         with pytest.raises(ConfigError, match="team_lora_forward"):

@@ -6,7 +6,8 @@ from tiny import tiny_model
 
 from comlrl.algorithms.losses import loss_weights, policy_loss, token_logprobs
 from comlrl.engine.logprobs import completion_logprobs
-from comlrl.engine.rollout import completion_mask, left_pad
+from comlrl.engine.models import left_pad
+from comlrl.rollout.rollout import completion_mask
 
 PAD = 0
 # (prompt tokens, completion tokens incl. EOS=2, advantage)

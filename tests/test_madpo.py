@@ -8,11 +8,12 @@ from peft import LoraConfig
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl.algorithms.preference import team_dpo_loss
-from comlrl.config import MADPOConfig
+from comlrl.configs.preference import MADPOConfig
 from comlrl.engine.logprobs import completion_logprobs
 from comlrl.engine.team import reference_mode
 from comlrl.errors import ConfigError
-from comlrl.trainers.preference import MADPOTrainer, read_jsonl, shard_path, snapshot_rounds
+from comlrl.trainers.madpo import MADPOTrainer
+from comlrl.trainers.pairs import read_jsonl, shard_path, snapshot_rounds
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

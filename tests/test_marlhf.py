@@ -9,11 +9,12 @@ from tiny import tiny_model, tiny_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from comlrl.config import MAGRPOConfig, MARLHFConfig
+from comlrl.configs.policy import MAGRPOConfig
+from comlrl.configs.preference import MARLHFConfig
 from comlrl.engine.reward_model import RewardModelReward, score_joint
 from comlrl.errors import ConfigError
 from comlrl.trainers.marlhf import MARLHFTrainer, rl_config
-from comlrl.trainers.preference import read_jsonl, shard_path
+from comlrl.trainers.pairs import read_jsonl, shard_path
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(12)]
 

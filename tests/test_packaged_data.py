@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import comlrl.envs as envs
-from comlrl import cli, runconfig
+from comlrl import runconfig, runs
 from comlrl.envs import DatasetError
 from comlrl.envs.coding.classeval import task_from_row as class_task
 from comlrl.envs.coding.tasks import task_from_row as code_task
@@ -114,8 +114,8 @@ def test_tldr_packaged_rows_equal_the_benchmark_posts(shared_data, caplog):
 
 def test_quickstart_trains_on_the_first_64_posts_and_evaluates_on_the_next_4(no_hub):
     cfg = runconfig.load_config(CONFIGS / "quickstart.yaml")
-    env = cli.make_env(cfg)
-    train, evaluation = cli.load_data(cfg, env)
+    env = runs.make_env(cfg)
+    train, evaluation = runs.load_data(cfg, env)
     posts = envs.make("tldr").load_dataset().to_list()
     assert train.to_list() == posts[:64] and evaluation.to_list() == posts[64:68]
     assert not set(train["prompt"]) & set(evaluation["prompt"])
@@ -152,7 +152,7 @@ def test_every_config_resolves_its_data_without_touching_shared(monkeypatch, no_
         with monkeypatch.context() as m:
             for module, name in ((builtins, "open"), (io, "open"), (os, "stat"), (os, "scandir"), (os, "listdir")):
                 m.setattr(module, name, watch(getattr(module, name)))
-            train, evaluation = cli.load_data(cfg, cli.make_env(cfg))
+            train, evaluation = runs.load_data(cfg, runs.make_env(cfg))
         loaded[key] = path.name
         assert train.num_rows > 0 and evaluation is not None and evaluation.num_rows == d.eval_limit, path.name
         if cfg.env.name == "mbpp":  # trains on MBPP's train split, evaluates on its test split

@@ -21,12 +21,12 @@ from comlrl.engine.reward_model import (
     save_reward_model,
     score_joint,
     score_stats,
-    train_reward_model,
 )
 from comlrl.engine.reward_pairs import check_readable, readable_pairs, split_pairs_by_prompt
 from comlrl.engine.rewards import compute_rewards
 from comlrl.engine.team import build_lora_team
 from comlrl.errors import ConfigError, RewardError
+from comlrl.trainers.reward_model import train_reward_model
 
 
 @pytest.fixture(autouse=True)

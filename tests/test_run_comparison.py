@@ -13,7 +13,7 @@ from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import runconfig
 from comlrl.cli import main
-from comlrl.envs.core import base
+from comlrl.envs.core import registry
 from comlrl.errors import ConfigError
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -40,7 +40,7 @@ def test_the_option_is_checked_when_the_config_loads(overrides, message):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A tiny trained run with evaluation before/after and compare: [single, parallel], and the config."""
-    base.register(SPLIT, SplitToy)
+    registry.register(SPLIT, SplitToy)
     root = tmp_path_factory.mktemp("run-compare")
     model = root / "model"
     tiny_model().save_pretrained(model)
@@ -55,7 +55,7 @@ def run(tmp_path_factory):
     Path(cfg_path).write_text(yaml.safe_dump(cfg, sort_keys=False))
     assert main(["train", cfg_path, "--set", f"output_dir={root / 'run'}"]) == 0
     yield {"dir": root / "run", "config": cfg_path, "root": root}
-    base.ENVS.pop(SPLIT, None)
+    registry.ENVS.pop(SPLIT, None)
 
 
 def test_the_team_rows_are_the_before_and_after_evaluations(run):

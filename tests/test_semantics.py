@@ -11,12 +11,13 @@ import comlrl
 from comlrl.accel.fastgen import fast_generate, penalize_repetitions
 from comlrl.algorithms.advantages import joint_mode_name
 from comlrl.algorithms.losses import loss_weights, policy_loss
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.engine.logprobs import completion_logprobs
-from comlrl.engine.rollout import GenerationSettings, generate
 from comlrl.errors import ConfigError
+from comlrl.rollout.episode import Episode, Turn, episode_advantages, joint_indices
+from comlrl.rollout.protocol import GenerationSettings
+from comlrl.rollout.rollout import generate
 from comlrl.trainers.base import FrozenLogprobs
-from comlrl.trainers.episode import Episode, Turn, episode_advantages, joint_indices
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(5)]

@@ -12,7 +12,7 @@ from comlrl.accel.head import head_logprobs
 from comlrl.accel.shapes import ROWS, TOKENS, pad_rows, pad_tokens, round_up
 from comlrl.algorithms.losses import token_logprobs
 from comlrl.engine.logprobs import completion_logprobs
-from comlrl.engine.rollout import left_pad
+from comlrl.engine.models import left_pad
 
 
 def test_round_up_and_padding():

@@ -11,7 +11,7 @@ import pytest
 from peft import LoraConfig
 
 from comlrl import envs
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import json
 import pytest
 from brevity_task import FORMATTERS, posts, team_brevity
 
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 pytestmark = pytest.mark.slow

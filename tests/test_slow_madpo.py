@@ -11,8 +11,8 @@ import pytest
 from brevity_task import FORMATTERS, NEEDS_NATIVE_BF16, posts, team_brevity
 from peft import LoraConfig
 
-from comlrl.config import MADPOConfig
-from comlrl.trainers.preference import MADPOTrainer
+from comlrl.configs.preference import MADPOConfig
+from comlrl.trainers.madpo import MADPOTrainer
 
 pytestmark = [pytest.mark.slow, NEEDS_NATIVE_BF16]
 

@@ -9,7 +9,7 @@ from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import report
 from comlrl.cli import main
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ConfigError
 from comlrl.tracking import RUN_INFO_FILE, Tracker, read_metrics, read_run_info
 from comlrl.trainers.magrpo import MAGRPOTrainer

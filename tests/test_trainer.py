@@ -10,7 +10,7 @@ import torch
 from tiny import tiny_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
-from comlrl.config import MAGRPOConfig
+from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ConfigError
 from comlrl.trainers.base import FrozenLogprobs
 from comlrl.trainers.magrpo import MAGRPOTrainer
@@ -148,7 +148,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
     # Compare gradients, not weights after Adam: Adam's first step is invariant to the gradient's scale, and
     # MARLOO's advantages are exactly G/(G-1) x MAGRPO's, so their *gradients* differ while Adam steps may not.
     from comlrl.algorithms.losses import loss_weights
-    from comlrl.trainers.episode import episode_advantages
+    from comlrl.rollout.episode import episode_advantages
 
     t = MAGRPOTrainer(
         model=tiny_model(),
@@ -176,7 +176,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_generation_is_batched_one_call_per_agent_per_turn(monkeypatch, fast):
-    import comlrl.engine.generation as generation
+    import comlrl.rollout.generation as generation
 
     calls = []
     t = MAGRPOTrainer(
@@ -386,8 +386,8 @@ def test_gradient_checkpointing_does_not_change_the_update():
 
 def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
     """The trainer sets glibc's mmap threshold from the config (None leaves malloc alone); bad values name the field."""
-    from comlrl.config import ConfigError
     from comlrl.engine import process as setup
+    from comlrl.errors import ConfigError
     from comlrl.trainers import base
 
     calls = []

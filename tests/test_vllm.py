@@ -30,20 +30,15 @@ from comlrl import (
 )
 from comlrl.accel.sampler import SamplerSettings
 from comlrl.algorithms.losses import policy_loss
-from comlrl.engine.generation import (
-    DECODE_LOOP,
-    TRANSFORMERS,
-    VLLM_ENGINE,
-    GenerationSettings,
-    PromptBatch,
-    vllm_installed,
-)
 from comlrl.engine.logprobs import completion_logprobs
-from comlrl.engine.rollout import completion_mask, generate, left_pad
+from comlrl.engine.models import left_pad
 from comlrl.engine.team import build_lora_team
-from comlrl.engine.vllm_engine import ColocatedEngine, VLLMOptions
-from comlrl.engine.vllm_server import ServerEngine
 from comlrl.errors import ConfigError
+from comlrl.rollout.generation import DECODE_LOOP, TRANSFORMERS, VLLM_ENGINE, vllm_installed
+from comlrl.rollout.protocol import GenerationSettings, PromptBatch, VLLMOptions
+from comlrl.rollout.rollout import completion_mask, generate
+from comlrl.rollout.vllm_engine import ColocatedEngine
+from comlrl.rollout.vllm_server import ServerEngine
 
 pytestmark = pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (scripts/setup.sh installs it)")
 
@@ -138,7 +133,7 @@ def test_sleep_mode_holds_one_engine_per_process(monkeypatch):
     claim is free again once the sleeping engine is closed (a fake LLM stands in for vLLM's GPU engine)."""
     import vllm
 
-    from comlrl.engine import vllm_engine
+    from comlrl.rollout import vllm_engine
 
     started = []
 
@@ -491,8 +486,8 @@ def test_greedy_tokens_equal_the_decode_loops_on_the_embedded_model():
     import dataclasses
 
     from comlrl.engine.models import load_model, load_tokenizer
-    from comlrl.engine.rollout import eos_ids, format_prompt
-    from comlrl.engine.vllm_engine import VLLMOptions
+    from comlrl.rollout.protocol import VLLMOptions
+    from comlrl.rollout.rollout import eos_ids, format_prompt
 
     try:
         model, tok = load_model("embedded").eval(), load_tokenizer("embedded")
@@ -505,7 +500,7 @@ def test_greedy_tokens_equal_the_decode_loops_on_the_embedded_model():
     ours, theirs = DECODE_LOOP.sample(model, b, settings).ids, VLLM_ENGINE.sample(model, b, settings).ids
     width = max(ours.shape[1], theirs.shape[1])
     pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=tok.pad_token_id)  # noqa: E731
-    from comlrl.engine.rollout import completion_mask
+    from comlrl.rollout.rollout import completion_mask
 
     for o, v in zip(pad(ours), pad(theirs)):
         end = int(completion_mask(o[None], b.stop_ids)[0].sum())
@@ -568,7 +563,7 @@ def test_vllm_sleep_mode_allocator_holds_one_engine_per_process(monkeypatch):
     """Why sleep mode runs one engine per process: vLLM's sleep-mode allocator (CuMemAllocator) is one per process
     and refuses a second engine's weights. Should a vLLM version start the second one, sleeping and waking every
     engine of a process together (one allocator) may become possible: revisit SleepModeClaim."""
-    from comlrl.engine import vllm_engine
+    from comlrl.rollout import vllm_engine
 
     sleepy = VLLMOptions(enable_sleep_mode=True, gpu_memory_utilization=0.2)
     first = ColocatedEngine(vllm_model().cuda(), sleepy, torch.float32)

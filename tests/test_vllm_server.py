@@ -19,10 +19,10 @@ from test_vllm import GREEDY, LORA, ROWS, batch, cfg, length_reward
 from tiny import tiny_model, tiny_tokenizer
 
 from comlrl import MAGRPOTrainer
-from comlrl.engine.generation import TRANSFORMERS, VLLM_ENGINE, vllm_installed
-from comlrl.engine.vllm_engine import VLLMOptions
-from comlrl.engine.vllm_server import ServerEngine
 from comlrl.errors import ConfigError
+from comlrl.rollout.generation import TRANSFORMERS, VLLM_ENGINE, vllm_installed
+from comlrl.rollout.protocol import VLLMOptions
+from comlrl.rollout.vllm_server import ServerEngine
 
 pytestmark = pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (scripts/setup.sh installs it)")
 

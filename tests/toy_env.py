@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 
-from comlrl.envs.core import base
+from comlrl.envs.core import base, registry
 from comlrl.envs.core.loaders import load_rows
 
 NAME = "toy-length"
@@ -65,7 +65,7 @@ class SplitToy(ToyEnv):
 
 
 def register() -> None:
-    base.register(NAME, ToyEnv)
+    registry.register(NAME, ToyEnv)
 
 
 @contextlib.contextmanager
@@ -74,7 +74,7 @@ def registered():
     try:
         yield
     finally:
-        base.ENVS.pop(NAME, None)
+        registry.ENVS.pop(NAME, None)
 
 
 def write_rows(path, n: int = 12) -> str:

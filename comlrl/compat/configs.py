@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from .. import config as ours
-from ..config_fields import config_class
+from .. import configs as ours
+from ..configs.fields import config_class
 from ..errors import ConfigError
 
 

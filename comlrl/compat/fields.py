@@ -11,7 +11,7 @@ Our own configs (``from comlrl import MAGRPOConfig``) keep our meaning: a refere
 refused with the import path that takes it (:func:`refuse_reference_fields`).
 
 :func:`translate` is called by the constructor of every reference-style config
-(:func:`comlrl.config_fields.config_class`). The mapping is in :mod:`.rules` (a rule per reference field) and
+(:func:`comlrl.configs.fields.config_class`). The mapping is in :mod:`.rules` (a rule per reference field) and
 :mod:`.defaults` (the reference's defaults); ``tests/test_compat.py`` fails when one of them drifts from our configs
 or from the reference's field lists.
 """

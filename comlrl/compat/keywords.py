@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ..algorithms.advantages import turn_sums
-from ..config_fields import suggest
+from ..configs.fields import suggest
 from ..engine.rewards import accepted_kwargs
 from ..errors import ConfigError
 from . import REFERENCE
@@ -221,10 +221,10 @@ class RolloutSample:
 
 
 def rollout_samples(episode: Any, num_agents: int) -> list[RolloutSample]:
-    """Every agent's samples of ``episode`` (a :class:`comlrl.trainers.episode.Episode`), each with the mean
+    """Every agent's samples of ``episode`` (a :class:`comlrl.rollout.episode.Episode`), each with the mean
     immediate reward and the mean undiscounted return of the joint actions it is part of."""
     from ..algorithms.advantages import tree_returns
-    from ..trainers.episode import joint_indices
+    from ..rollout.episode import joint_indices
 
     turns = episode.turns
     returns = tree_returns([t.rewards for t in turns], [t.children for t in turns], 1.0)

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..accel.shapes import pad_tokens
 from .logprobs import training_forward
-from .rollout import left_pad
+from .models import left_pad
 
 VALUE_HEAD_FILE = "value_head.pt"  # the head's state dict, under the reference library's ValueHead names
 CRITIC_FILE = "comlrl_critic.json"  # where the backbone of a head saved apart from it lives

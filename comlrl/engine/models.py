@@ -215,6 +215,18 @@ def load_tokenizer(source: str | PreTrainedModel | PreTrainedTokenizerBase) -> P
     return tok
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of token-id lists as one batch of shape (len(seqs), max_len), padded on the left."""
+    width = max(max((len(s) for s in seqs), default=0), 1)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
 def describe(source: Any) -> str:
     """A short name for logs and saved folders."""
     if isinstance(source, PreTrainedModel):

@@ -7,9 +7,10 @@ OS, and the loop chooses when (between its phases).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -22,6 +23,15 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """The CPU RNG seeded with ``seed`` inside the block, restored after it: weights initialized in the block do not
+    depend on what ran before, and what runs after does not depend on the block."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def resolve_device(name: str) -> torch.device:

@@ -3,9 +3,9 @@
 A :class:`JointRewardModel` is a :class:`~comlrl.engine.critic.ValueModel` (causal-LM backbone, scalar head read at
 the last token of a left-padded batch) that reads :func:`~comlrl.engine.critic.joint_action_text` (every agent's
 prompt and answer, labelled) followed by the tokenizer's EOS. It is trained with the Bradley-Terry loss on preference
-pairs and then scores rollouts as a batched reward function (:class:`RewardModelReward`), standardized with the
-mean and standard deviation of its scores on the pairs (:func:`score_stats`) so that its scale does not depend on
-how the model was trained.
+pairs (the loop: :func:`comlrl.trainers.reward_model.train_reward_model`) and then scores rollouts as a batched reward
+function (:class:`RewardModelReward`), standardized with the mean and standard deviation of its scores on the pairs
+(:func:`score_stats`) so that its scale does not depend on how the model was trained.
 
 Pair records, their checks and the tokenizer-readability checks are in :mod:`comlrl.engine.reward_pairs`.
 
@@ -19,7 +19,6 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -30,13 +29,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..algorithms.preference import bradley_terry_loss, pair_accuracy
 from ..errors import ConfigError, RewardError
 from .critic import ValueModel, encode_texts, joint_action_text
 from .models import load_model, load_tokenizer, unwrap_peft
+from .process import seeded
 from .reward_pairs import check_pairs, joint_unreadable
 from .rewards import compute_rewards
-from .sampling import seeded
 from .team import wrap_lora
 
 log = logging.getLogger(__name__)
@@ -211,7 +209,7 @@ def score_joint(
     return torch.cat(out).float().cpu() if out else torch.empty(0)
 
 
-def _pair_scores(
+def pair_scores(
     model: JointRewardModel,
     tokenizer: PreTrainedTokenizerBase,
     batch: Sequence[dict],
@@ -227,7 +225,7 @@ def _pair_scores(
     return scores[: len(batch)], scores[len(batch) :]
 
 
-def _score_pairs(
+def score_pairs(
     model: JointRewardModel,
     tokenizer: PreTrainedTokenizerBase,
     pairs: Sequence[dict],
@@ -235,6 +233,8 @@ def _score_pairs(
     batch_size: int,
     max_length: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores (P,), (P,) of every pair, scored in batches of ``batch_size`` with no gradients."""
+
     def side(key: str) -> torch.Tensor:
         prompts = [[pair["prompts"][i] for pair in pairs] for i in range(num_agents)]
         answers = [[pair[key][i] for pair in pairs] for i in range(num_agents)]
@@ -252,84 +252,8 @@ def pair_score_stats(
 ) -> tuple[float, float]:
     """:func:`score_stats` of the model's scores of every pair's two joint answers (chosen and rejected)."""
     n = check_pairs(pairs)
-    chosen, rejected = _score_pairs(model, tokenizer, pairs, n, batch_size, max_length)
+    chosen, rejected = score_pairs(model, tokenizer, pairs, n, batch_size, max_length)
     return score_stats(torch.cat([chosen, rejected]))
-
-
-def train_reward_model(
-    model: JointRewardModel,
-    tokenizer: PreTrainedTokenizerBase,
-    pairs: Sequence[dict],
-    eval_pairs: Sequence[dict] | None,
-    *,
-    epochs: int,
-    learning_rate: float,
-    batch_size: int,
-    max_length: int,
-    seed: int,
-    max_grad_norm: float | None = 1.0,
-    disable_tqdm: bool = False,
-) -> dict[str, float]:
-    """Fit the reward model to preference pairs with the Bradley-Terry loss (AdamW on its trainable parameters, the
-    pairs reshuffled every epoch under ``seed``).
-
-    Returns ``reward_model/``: ``train_loss`` and ``train_accuracy`` (means over the last epoch's batches, scored
-    before each update), ``pairs``, ``eval_pairs`` and, when ``eval_pairs`` is not empty, ``eval_loss`` and
-    ``eval_accuracy`` on them after training (a tie counts as wrong).
-    """
-    from tqdm.auto import tqdm
-
-    if epochs < 1 or batch_size < 1:
-        raise ConfigError(
-            f"reward model training needs epochs >= 1 and batch_size >= 1, got {epochs} and {batch_size}."
-        )
-    if not learning_rate > 0:
-        raise ConfigError(f"reward model learning_rate must be > 0, got {learning_rate}.")
-    n_agents = check_pairs(pairs, what="pairs")
-    eval_pairs = list(eval_pairs or [])
-    if eval_pairs:
-        check_pairs(eval_pairs, n_agents, what="eval_pairs")
-    params = model.trainable_parameters()
-    if not params:
-        raise ConfigError("the reward model has no trainable parameters (all requires_grad=False).")
-    opt = torch.optim.AdamW(params, lr=learning_rate)
-    gen = torch.Generator().manual_seed(seed)
-    steps_per_epoch = math.ceil(len(pairs) / batch_size)
-    bar = tqdm(total=epochs * steps_per_epoch, desc="reward model", disable=disable_tqdm, leave=False)
-    loss_sum = correct = 0.0
-    try:
-        for _ in range(epochs):
-            model.train()
-            order = torch.randperm(len(pairs), generator=gen).tolist()
-            loss_sum = correct = 0.0
-            for lo in range(0, len(order), batch_size):
-                batch = [pairs[k] for k in order[lo : lo + batch_size]]
-                chosen, rejected = _pair_scores(model, tokenizer, batch, n_agents, max_length)
-                loss = bradley_terry_loss(chosen, rejected)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                opt.step()
-                loss_sum += loss.item() * len(batch)  # pair-weighted: the last batch may be smaller
-                correct += pair_accuracy(chosen, rejected).item() * len(batch)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-    finally:
-        bar.close()
-    opt.zero_grad(set_to_none=True)
-    metrics = {
-        "reward_model/train_loss": loss_sum / len(pairs),
-        "reward_model/train_accuracy": correct / len(pairs),
-        "reward_model/pairs": float(len(pairs)),
-        "reward_model/eval_pairs": float(len(eval_pairs)),
-    }
-    if eval_pairs:
-        chosen, rejected = _score_pairs(model, tokenizer, eval_pairs, n_agents, 2 * batch_size, max_length)
-        metrics["reward_model/eval_loss"] = bradley_terry_loss(chosen, rejected).item()
-        metrics["reward_model/eval_accuracy"] = pair_accuracy(chosen, rejected).item()
-    model.eval()
-    return metrics
 
 
 class RewardModelReward:

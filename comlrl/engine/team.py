@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from ..accel.decode_weights import BASE_ADAPTER  # noqa: F401  (re-exported: an agent's rows through its bare base)
 from .models import is_checkpointing
-from .sampling import seeded
+from .process import seeded
 
 
 def adapter_name(agent: int) -> str:

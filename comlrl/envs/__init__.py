@@ -31,10 +31,11 @@ schema, code cleaning, mutants); the other environments are modules here.
 
 from . import bfcl, blocks, writing  # noqa: F401 - registers the environments
 from .coding import classeval, codetest, functions  # noqa: F401 - registers the code environments
-from .core.base import ENVS, Env, TeamReward, env_options, list_envs, make, register, summarize_scores
+from .core.base import Env, TeamReward, summarize_scores
 from .core.baselines import MODES as BASELINE_MODES
 from .core.baselines import format_table, run_baseline
 from .core.loaders import DatasetError
+from .core.registry import ENVS, env_options, list_envs, make, register
 
 __all__ = [
     "BASELINE_MODES",

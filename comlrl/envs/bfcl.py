@@ -79,9 +79,10 @@ from typing import Any
 import datasets
 
 from .bfcl_checker import PY_TYPES, CallCheck, check_call, check_value, standardize_string  # noqa: F401 (re-exported)
-from .core.base import Env, Formatter, TeamReward, agent_formatters, check_choices, register, summarize_scores
+from .core.base import Env, Formatter, TeamReward, agent_formatters, check_choices, summarize_scores
 from .core.feedback import MAX_PREVIOUS
 from .core.loaders import DatasetError, load_rows
+from .core.registry import register
 
 CATEGORIES = ("parallel", "parallel_multiple")
 TRANSITIONS = ("feedback", "plain")

@@ -62,8 +62,9 @@ from typing import Any
 
 import datasets
 
-from .core.base import Env, Formatter, TeamReward, agent_formatters, check_choices, register, summarize_scores
+from .core.base import Env, Formatter, TeamReward, agent_formatters, check_choices, summarize_scores
 from .core.loaders import DatasetError, load_rows
+from .core.registry import register
 
 KINDS = ("str_build", "house_build")
 TRANSITIONS = ("feedback", "plain")

@@ -81,9 +81,10 @@ from typing import Any, Callable, Mapping
 import datasets
 
 from ..errors import ComlrlError
-from .core.base import Env, Formatter, TeamReward, register
+from .core.base import Env, Formatter, TeamReward
 from .core.loaders import load_rows, text_field
 from .core.packaged import PACKAGED
+from .core.registry import register
 from .wordlists import STOPWORDS, TRANSITIONS
 from .writing_rules import TaskContext, counted_sentences, split_sentences, task_context, tokens
 

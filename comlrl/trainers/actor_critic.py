@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import config as ours
-from .. import distributed, sharding
+from .. import configs as ours
 from ..algorithms.advantages import clip_rewards, normalize, tree_gae
 from ..algorithms.losses import value_loss
 from ..compat.configs import IACConfig, MAACConfig  # noqa: F401  (the reference's path: its names and defaults)
@@ -24,16 +23,18 @@ from ..compat.keywords import (  # noqa: F401  (RolloutSample: the reference's n
     reference_critic,
     reference_group_reward,
 )
-from ..config import ActorCriticConfig
-from ..distributed import shard_bounds
+from ..configs.actor_critic import ActorCriticConfig
 from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_state_text, save_value_head
 from ..engine.models import copy_model, load_model, load_tokenizer
-from ..engine.sampling import derive_seed, seeded
+from ..engine.process import seeded
 from ..engine.team import active_adapter, wrap_lora
 from ..errors import ConfigError
+from ..parallel import distributed, sharding
+from ..parallel.placement import shard_bounds
+from ..rollout.episode import Episode, joint_indices
+from ..rollout.sampling import derive_seed
 from .base import MultiAgentTrainer
-from .episode import Episode, joint_indices
-from .setup import build_optimizer, build_tokenizers
+from .build import build_optimizer, build_tokenizers
 
 
 @dataclass

@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .. import checkpoint, distributed, sharding
 from ..compat.keywords import (
     callback_metrics,
     eval_extras,
@@ -29,9 +28,8 @@ from ..compat.keywords import (
     reference_reward,
     reference_turn_metrics,
 )
-from ..config import MAGRPOConfig
-from ..config_fields import own_field
-from ..engine.generation import AUTO, VLLM, GenerationSettings, check_engine_available
+from ..configs.fields import own_field
+from ..configs.policy import MAGRPOConfig
 from ..engine.models import check_vocab, copy_model, disable_dropout
 from ..engine.process import (
     default_bf16,
@@ -41,13 +39,11 @@ from ..engine.process import (
     resolve_device,
     set_seed,
 )
-from ..engine.sampling import derive_seed
 from ..engine.team import adapter_parameters, build_lora_team
-from ..engine.vllm_engine import VLLMOptions
 from ..errors import ConfigError
-from ..tracking import Tracker, fresh_output_dir
-from .contributions import check_contributions, contribution_metrics, episode_contributions, untrained_agents
-from .episode import (
+from ..parallel import checkpoint, distributed, job, sharding
+from ..rollout.agent import Agent, apply_formatter
+from ..rollout.episode import (
     Episode,
     check_transition,
     episode_advantages,
@@ -56,10 +52,11 @@ from .episode import (
     root_nodes,
     run_episode,
 )
-from .metrics import episode_metrics, mean_metrics, merge_evaluation
-from .setup import (
-    Agent,
-    apply_formatter,
+from ..rollout.generation import VLLM, check_engine_available
+from ..rollout.protocol import AUTO, GenerationSettings, VLLMOptions
+from ..rollout.sampling import derive_seed
+from ..tracking import Tracker, fresh_output_dir
+from .build import (
     build_formatters,
     build_models,
     build_optimizer,
@@ -70,6 +67,8 @@ from .setup import (
     source_groups,
     team_sources,
 )
+from .contributions import check_contributions, contribution_metrics, episode_contributions, untrained_agents
+from .metrics import episode_metrics, mean_metrics, merge_evaluation
 from .update import FrozenLogprobs, PolicyUpdate  # noqa: F401  (FrozenLogprobs re-exported)
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,7 @@ class MultiAgentTrainer(PolicyUpdate):
         formatters: one callable per agent (or one shared), dataset row -> prompt str.
         args: the trainer's config dataclass.
         external_transition: next prompts per agent for multi-turn training (contract:
-            :func:`comlrl.trainers.episode.transition`).
+            :func:`comlrl.rollout.episode.transition`).
         eval_reward_func: reward for evaluate() (default: reward_func).
         **reference_keywords: the reference library's trainer keywords (model_config, wandb_config, eval_logger,
             eval_aggregator, metrics_callback, dataset_type), see :mod:`comlrl.compat.keywords`.
@@ -100,7 +99,7 @@ class MultiAgentTrainer(PolicyUpdate):
         MAGRPOConfig  # args must be an instance of it (config_class: the default and the name in errors)
     )
     fixed_advantage_mode: str | None = None
-    supports_distributed = True  # torchrun placement / data parallelism (comlrl.distributed)
+    supports_distributed = True  # torchrun placement / data parallelism (comlrl.parallel)
     supports_agent_devices = True  # args.agent_devices: each agent on its own device in one process
 
     def __init__(
@@ -153,7 +152,7 @@ class MultiAgentTrainer(PolicyUpdate):
         # checked before torchrun's process group would wait for the other ranks
         named_devices = resolve_agent_devices(self.args.agent_devices, self.num_agents, distributed.launched())
         # Under torchrun (WORLD_SIZE > 1) this process holds only the agents placed on its rank; else None.
-        self.dist = distributed.setup(self.args, self.num_agents)
+        self.dist = job.setup(self.args, self.num_agents)
         if self.dist is not None and not self.supports_distributed:
             raise ConfigError(f"{type(self).__name__} does not run under torchrun yet; launch it as one process.")
         plan = sharding.sharding_plan(self.args.fsdp, self.args.fsdp_config)
@@ -312,7 +311,7 @@ class MultiAgentTrainer(PolicyUpdate):
 
     @property
     def rollout_engine(self) -> str:
-        """Name of the engine rollouts sample with (:func:`comlrl.engine.generation.select_engine`): ``"vllm"`` with
+        """Name of the engine rollouts sample with (:func:`comlrl.rollout.generation.select_engine`): ``"vllm"`` with
         ``use_vllm``, else ``"auto"`` (comlrl's decode loop, or transformers' ``generate`` when it cannot run the
         model or ``fast_generation`` is off)."""
         return VLLM if self.args.use_vllm else AUTO
@@ -410,7 +409,7 @@ class MultiAgentTrainer(PolicyUpdate):
 
         Returns ``{"metrics": the last step's metrics, "history": every step's metrics}``.
         ``resume_from_checkpoint``: a ``checkpoint-<step>`` directory to continue from, or True for the latest
-        checkpoint in ``output_dir`` (see :mod:`comlrl.checkpoint`). The metric sinks the run opened (W&B,
+        checkpoint in ``output_dir`` (see :mod:`comlrl.parallel.checkpoint`). The metric sinks the run opened (W&B,
         TensorBoard, metrics.jsonl) are closed when it returns.
         """
         if self.train_dataset is None:
@@ -470,13 +469,13 @@ class MultiAgentTrainer(PolicyUpdate):
     def save_checkpoint(self, output_dir: str | None = None) -> Path:
         """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""
         if self.dist is not None:  # every rank writes its agents; rank 0 renames after all have written
-            return distributed.save_checkpoint(self, output_dir)
+            return job.save_checkpoint(self, output_dir)
         return checkpoint.save_checkpoint(self, output_dir)
 
     def load_checkpoint(self, path: str) -> None:
         """Continue from a checkpoint written by :meth:`save_checkpoint` (later metric lines are dropped)."""
         if self.dist is not None:
-            distributed.load_checkpoint(self, path)
+            job.load_checkpoint(self, path)
             return
         checkpoint.load_checkpoint(self, path)
 

@@ -15,12 +15,13 @@ import functools
 from typing import Any, Callable
 
 from ..algorithms.preference import centralized_prompt, split_roles
-from ..config import CentralizedMAGRPOConfig, MAGRPOConfig
+from ..configs.centralized import CentralizedMAGRPOConfig
+from ..configs.policy import MAGRPOConfig
 from ..engine.rewards import accepted_kwargs
 from ..errors import ConfigError
+from ..rollout.episode import Episode, Node, check_transition, transition
 from .base import MultiAgentTrainer
-from .episode import Episode, Node, check_transition, transition
-from .setup import build_formatters
+from .build import build_formatters
 
 
 class RolePrompt(str):

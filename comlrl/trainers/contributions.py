@@ -28,14 +28,15 @@ import torch
 from transformers import PreTrainedModel
 
 from ..algorithms.bootstrap import bootstrap_mean
-from ..engine.generation import VLLM
 from ..engine.models import copy_model, load_model
-from ..engine.rollout import GenerationSettings, Samples
-from ..engine.sampling import derive_seed
 from ..engine.team import BASE_ADAPTER
 from ..errors import ConfigError
-from .episode import Episode, generate_team, score_turn
-from .setup import Agent
+from ..rollout.agent import Agent
+from ..rollout.episode import Episode, generate_team, score_turn
+from ..rollout.generation import VLLM
+from ..rollout.protocol import GenerationSettings
+from ..rollout.rollout import Samples
+from ..rollout.sampling import derive_seed
 
 KINDS = ("untrained", "empty")  # what an agent's answer is replaced by
 PREFIX = "eval/contribution/"
@@ -108,7 +109,7 @@ def episode_contributions(
 ) -> tuple[list[dict[str, float]], list[Samples]]:
     """Each first-turn node's contributions (``"agent_<i>/<kind>"`` -> drop) and the untrained team's samples.
 
-    ``seed``: the episode's sampling key (what :func:`comlrl.trainers.episode.run_episode` was given), so each
+    ``seed``: the episode's sampling key (what :func:`comlrl.rollout.episode.run_episode` was given), so each
     untrained answer samples from the stream of the answer it replaces.
     """
     first = episode.turns[0]

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from ..config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from ..configs.policy import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from .base import MultiAgentTrainer
 
 

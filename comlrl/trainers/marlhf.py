@@ -4,10 +4,10 @@
    the task reward and paired by :func:`comlrl.algorithms.preference.select_pairs` (or a labelled dataset's
    chosen / rejected columns); stored in ``<output_dir>/pairs/round-00000.jsonl``.
 2. A joint reward model (:mod:`comlrl.engine.reward_model`: a causal-LM backbone with a scalar head reading every
-   agent's prompt and answer) fit to the pairs with the Bradley-Terry loss; held-out pair accuracy reported and the
-   model saved in ``<output_dir>/reward_model/``. Pairs its tokenizer cannot read are skipped and counted
-   (``reward_model/unreadable_pairs``). The mean and std of its scores on the pairs' joint answers are kept
-   (``reward_model/score_mean``, ``reward_model/score_std``).
+   agent's prompt and answer) fit to the pairs with the Bradley-Terry loss (:mod:`comlrl.trainers.reward_model`);
+   held-out pair accuracy reported and the model saved in ``<output_dir>/reward_model/``. Pairs its tokenizer cannot
+   read are skipped and counted (``reward_model/unreadable_pairs``). The mean and std of its scores on the pairs'
+   joint answers are kept (``reward_model/score_mean``, ``reward_model/score_std``).
 3. RL of the team against the frozen reward model, its score standardized with that statistic
    (``reward_model_normalize``), with the one loop of ``rl_algorithm`` (optionally mixed with the task reward);
    evaluation keeps scoring the task reward, so a run shows whether the learned reward transfers.
@@ -25,23 +25,25 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import MARLHFConfig, TrainConfig, suggest
+from ..configs.base import TrainConfig
+from ..configs.fields import suggest
+from ..configs.preference import MARLHFConfig
 from ..engine.reward_model import (
     RewardModelReward,
     build_reward_model,
     load_reward_model,
     pair_score_stats,
     save_reward_model,
-    train_reward_model,
 )
 from ..engine.reward_pairs import readable_pairs, split_pairs_by_prompt
-from ..engine.sampling import derive_seed
 from ..errors import ConfigError
+from ..rollout.sampling import derive_seed
 from ..tracking import fresh_output_dir
 from .actor_critic import IACTrainer, MAACTrainer
 from .base import MultiAgentTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
 from .pairs import PAIRS_DIR, ROUNDS_FILE, candidate_pairs, dataset_pairs, read_jsonl, shard_path, write_jsonl
+from .reward_model import train_reward_model
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .episode import Episode
+from ..rollout.episode import Episode
 
 
 def episode_metrics(episode: Episode, num_agents: int, prefix: str = "") -> dict[str, float]:

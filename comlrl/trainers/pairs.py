@@ -13,11 +13,12 @@ import torch
 
 from ..algorithms.preference import select_pairs
 from ..engine.api_client import Answer
-from ..engine.rollout import Samples
-from ..engine.sampling import derive_seed
+from ..engine.models import left_pad
 from ..errors import ConfigError
-from .episode import Episode
-from .setup import Agent, apply_formatter
+from ..rollout.agent import Agent, apply_formatter
+from ..rollout.episode import Episode
+from ..rollout.rollout import Samples
+from ..rollout.sampling import derive_seed
 
 PAIRS_DIR = "pairs"
 ROUNDS_FILE = "rounds.jsonl"  # per round: the team's and the comparator's candidate rewards (report histograms)
@@ -280,3 +281,19 @@ def pair_metrics(sums: dict[str, torch.Tensor], count: int, beta: float) -> dict
         out[pre + "logps/chosen"] = float(sums["logps_chosen"][i]) / count
         out[pre + "logps/rejected"] = float(sums["logps_rejected"][i]) / count
     return out
+
+
+def pair_tensors(agent: Agent, records: list[dict]) -> list[torch.Tensor]:
+    """(prompt ids, prompt mask, completion ids, completion mask) of the agent's chosen answers, then its rejected
+    ones: 2B rows, prompts left-padded, completions right-padded, on the CPU."""
+    i, pad = agent.index, agent.tokenizer.pad_token_id
+    prompts = [r["prompt_ids"][i] for r in records] * 2
+    answers = [r["chosen_ids"][i] for r in records] + [r["rejected_ids"][i] for r in records]
+    p_ids, p_mask = left_pad(prompts, pad)
+    width = max(max(len(s) for s in answers), 1)
+    c_ids = torch.full((len(answers), width), pad, dtype=torch.long)
+    c_mask = torch.zeros_like(c_ids)
+    for k, s in enumerate(answers):
+        c_ids[k, : len(s)] = torch.tensor(s, dtype=torch.long)
+        c_mask[k, : len(s)] = 1
+    return [p_ids, p_mask, c_ids, c_mask]

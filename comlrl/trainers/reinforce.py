@@ -5,7 +5,7 @@ default (see :mod:`comlrl.compat.fields`), so a script written for it trains as 
 ``comlrl`` (``from comlrl import MAGRPOConfig``), where the defaults are ours.
 """
 
-from .. import config as _ours
+from .. import configs as _ours
 from ..compat.configs import reference_style
 from .centralized import CentralizedMAGRPOTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer

@@ -14,14 +14,14 @@ from typing import Any, Iterator
 
 import torch
 
-from .. import sharding
 from ..algorithms.losses import loss_weights, policy_loss
 from ..engine.logprobs import SamplerSettings, completion_logprobs, team_completion_logprobs
 from ..engine.process import release_freed_memory
 from ..engine.team import active_adapter, can_route, reference_mode, trainable
-from .episode import Episode
+from ..parallel import sharding
+from ..rollout.agent import Agent
+from ..rollout.episode import Episode
 from .metrics import iteration_metrics
-from .setup import Agent
 
 
 @dataclass
@@ -41,7 +41,7 @@ class PolicyUpdate:
 
     args: Any  # the trainer's config
     agents: list[Agent]  # this process's agents
-    dist: Any  # comlrl.distributed placement under torchrun, else None
+    dist: Any  # comlrl.parallel.job.DistTeam under torchrun, else None
     device: torch.device
     agent_devices: list[torch.device]  # agent index -> its device (args.agent_devices, else every agent on device)
     corrects_rollout: bool  # whether the loss reweights tokens by p_train / p_rollout

@@ -41,10 +41,11 @@ import datasets
 
 from ...errors import ComlrlError
 from ...pyast import parse_quiet
-from ..core.base import Env, Formatter, TeamReward, register, summarize_scores
+from ..core.base import Env, Formatter, TeamReward, summarize_scores
 from ..core.feedback import MAX_FAILURES, TRANSITION_MODES, revision_prompt
 from ..core.loaders import load_rows
 from ..core.packaged import PACKAGED
+from ..core.registry import register
 from .clean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
 from .functions import run_sandboxed, sandbox_metrics
 

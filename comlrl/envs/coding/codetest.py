@@ -92,10 +92,11 @@ from typing import Any
 
 import datasets
 
-from ..core.base import Env, Formatter, register, summarize_scores
+from ..core.base import Env, Formatter, summarize_scores
 from ..core.feedback import TRANSITION_MODES, revision_prompt
 from ..core.loaders import DatasetError, load_rows
 from ..core.packaged import PACKAGED
+from ..core.registry import register
 from .clean import clean_code
 from .codetest_asserts import Foil, extract_asserts
 from .codetest_judge import CodeTestJudgement, CodeTestReward

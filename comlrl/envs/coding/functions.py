@@ -56,10 +56,11 @@ from typing import Any, Callable
 
 import datasets
 
-from ..core.base import Env, Formatter, TeamReward, register, summarize_scores
+from ..core.base import Env, Formatter, TeamReward, summarize_scores
 from ..core.feedback import TRANSITION_MODES, code_feedback, revision_prompt
 from ..core.loaders import load_rows
 from ..core.packaged import PACKAGED
+from ..core.registry import register
 from .clean import CleanCode, clean_code, compiles, helper_references, ignored_helper_calls, is_trivial_wrapper
 from .tasks import CodeTask, normalize_humaneval_row, normalize_mbpp, task_from_row
 

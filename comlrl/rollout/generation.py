@@ -1,6 +1,7 @@
 """The rollout-engine seam: what turns prompt token ids into completion token ids, and the one place that picks it.
 
-A rollout (:mod:`.rollout`) tokenizes and left-pads the prompts itself, then hands an engine a :class:`PromptBatch`
+A rollout (:mod:`.rollout`) tokenizes and left-pads the prompts itself, then hands an engine (the interface in
+:mod:`.protocol`) a :class:`PromptBatch`
 (token ids, one row per completion, with the stop ids, per-row seeds and LoRA adapters) and the
 :class:`GenerationSettings`; the engine returns :class:`Completions` (token ids, optionally each sampled token's
 log-prob and truncation flags). Masking after the first stop id and decoding to text stay in the rollout, so every
@@ -10,8 +11,9 @@ Engines here (:data:`ROLLOUT_ENGINES`), both in the trainer's process on the tra
 
 * ``"comlrl"``: comlrl's decode loop (:func:`comlrl.accel.fastgen.fast_generate`);
 * ``"transformers"``: transformers' ``generate``;
-* ``"vllm"``: vLLM engines kept in step with the trainer's weights (:mod:`.vllm_engine`; needs the ``vllm``
-  package, which :func:`check_engine_available` names when it is missing).
+* ``"vllm"``: vLLM engines kept in step with the trainer's weights (:class:`VLLMEngine`: one per distinct base model,
+  colocated in :mod:`.vllm_engine` or a server in :mod:`.vllm_server`; needs the ``vllm`` package, which
+  :func:`check_engine_available` names when it is missing).
 
 :func:`select_engine` picks one for a model; ``"auto"`` (the default) is the decode loop when
 ``GenerationSettings.fast`` is on and it supports the model, else ``generate``.
@@ -21,98 +23,21 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-from dataclasses import dataclass
-from typing import Protocol
+import weakref
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..accel.fastgen import fast_generate, supports_fast_generate
 from ..accel.sampler import SamplerSettings, completion_sampler_logprobs
+from ..engine.models import model_device
 from ..errors import ConfigError
-from .models import model_device
+from .protocol import AUTO, Completions, GenerationSettings, PromptBatch, RolloutEngine, VLLMOptions  # noqa: F401
 from .sampling import RowSeededSampler
-from .vllm_engine import VLLMEngine, VLLMOptions
+from .vllm_engine import ColocatedEngine, SyncedEngine, completions_from
+from .vllm_server import ServerEngine
 
-VLLM = VLLMEngine.name
-AUTO = "auto"
-
-
-@dataclass
-class GenerationSettings:
-    """Sampling settings for one generate call."""
-
-    max_new_tokens: int = 128
-    do_sample: bool = True
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_prompt_length: int | None = None
-    fast: bool = True  # engine "auto": comlrl.accel.fastgen's decode loop when the model supports it (else generate)
-    concurrent: bool = True  # several models' calls decode at once on CPU (generate_concurrently)
-    logprobs: bool = False  # record Samples.rollout_logprobs
-    repetition_penalty: float = 1.0  # transformers' penalty on tokens already in the row (1: off)
-    engine: str = AUTO  # a name of ROLLOUT_ENGINES, or "auto" (see select_engine)
-    vllm: VLLMOptions | None = None  # engine "vllm": how its engines are set up (None: VLLMOptions' defaults)
-
-
-@dataclass
-class PromptBatch:
-    """What an engine samples from: the prompt of every completion row as token ids, and how rows end."""
-
-    prompt_ids: torch.Tensor  # (R, P) left-padded with pad_id, one row per completion (a prompt's G rows repeat it)
-    prompt_mask: torch.Tensor  # (R, P) 1 on prompt tokens
-    stop_ids: list[int]  # token ids that end a completion (every EOS id of the tokenizer and the model)
-    pad_id: int
-    row_seeds: list[int] | None = None  # (R,) row r samples from its own stream (comlrl.engine.sampling); None: global
-    adapter_names: list[str] | None = None  # (R,) the LoRA adapter each row decodes through; None: the active ones
-
-    @property
-    def rows(self) -> int:
-        """Completions to sample: R."""
-        return self.prompt_ids.shape[0]
-
-
-@dataclass
-class Completions:
-    """What an engine returns for a :class:`PromptBatch`, on CPU."""
-
-    ids: torch.Tensor  # (R, C) long, right-padded; what follows a row's first stop id is ignored
-    # (R, C) fp32: each sampled token's log-prob under the distribution it was drawn from (repetition penalty,
-    # temperature, top-k, top-p, renormalized: comlrl.accel.sampler.sampler_logprobs)
-    logprobs: torch.Tensor | None = None
-    truncated: torch.Tensor | None = None  # (R,) bool: hit a length limit without a stop id; None: from the stop ids
-
-
-class RolloutEngine(Protocol):
-    """Turns prompt token ids, sampling settings and per-row seeds into completion token ids.
-
-    ``runs_in_threads``: whether calls for distinct models may run at once in threads of this process, sharing its
-    cores (:func:`comlrl.engine.rollout.generate_concurrently`).
-    """
-
-    name: str
-    runs_in_threads: bool
-
-    def supports(self, model: PreTrainedModel) -> bool:
-        """Whether this engine samples from ``model`` with the settings' semantics."""
-        ...
-
-    # Optional: ``holds_weights = True`` and ``prepare(model, settings, autocast_dtype)`` for an engine that keeps its
-    # own copy of the weights (vLLM): prepare brings it up to date before a rollout. Engines without them read the
-    # module's weights in sample() (a sharded model's are gathered around the call: comlrl.sharding.gathered).
-
-    def sample(
-        self,
-        model: PreTrainedModel,
-        batch: PromptBatch,
-        settings: GenerationSettings,
-        autocast_dtype: torch.dtype | None = None,
-    ) -> Completions:
-        """Completions of every row of ``batch``: ``settings.max_new_tokens`` at most, greedy unless
-        ``settings.do_sample``, the sampled tokens' log-probs when ``settings.logprobs``; ``autocast_dtype``: the
-        decode's compute dtype (None: the model's own)."""
-        ...
+VLLM = "vllm"
 
 
 def sampler_settings(settings: GenerationSettings) -> SamplerSettings:
@@ -171,7 +96,7 @@ class DecodeLoopEngine:
 
 class TransformersEngine:
     """transformers' ``generate`` on the model (PEFT's mixed-batch ``adapter_names`` routing for LoRA teams); per-row
-    seeded sampling runs as a logits processor (:class:`comlrl.engine.sampling.RowSeededSampler`)."""
+    seeded sampling runs as a logits processor (:class:`comlrl.rollout.sampling.RowSeededSampler`)."""
 
     name = "transformers"
     runs_in_threads = True
@@ -236,6 +161,70 @@ class TransformersEngine:
         if batch.adapter_names is not None:
             kwargs["adapter_names"] = batch.adapter_names
         return kwargs
+
+
+class VLLMEngine:
+    """The ``"vllm"`` rollout engine: samples a model's rows on its colocated vLLM engine, started on first use
+    and stopped when the model is garbage-collected (or by :meth:`close`)."""
+
+    name = "vllm"
+    runs_in_threads = False  # one vLLM call per model, one after another: the engine batches rows itself
+    holds_weights = True  # each engine keeps its own copy of the weights, brought up to date by prepare()
+
+    def __init__(self) -> None:
+        self.engines: weakref.WeakKeyDictionary[torch.nn.Module, SyncedEngine] = weakref.WeakKeyDictionary()
+
+    def supports(self, model: PreTrainedModel) -> bool:
+        return getattr(model, "config", None) is not None
+
+    def engine_for(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> SyncedEngine:
+        """The engine of ``model``, started (colocate) or connected to (server) on first use."""
+        engine = self.engines.get(model)
+        if engine is None:
+            if options.mode == "server":
+                engine = ServerEngine(model, options)
+            else:
+                engine = ColocatedEngine(model, options, dtype)
+            self.engines[model] = engine
+            weakref.finalize(model, engine.close)
+        return engine
+
+    def prepare(
+        self, model: PreTrainedModel, settings: GenerationSettings, autocast_dtype: torch.dtype | None = None
+    ) -> None:
+        """Start ``model``'s engine if needed and push what changed since the last rollout (for a sharded model a
+        collective, weight by weight: every rank of its mesh calls it, rows to generate or not)."""
+        options = settings.vllm or VLLMOptions()
+        self.engine_for(model, options, autocast_dtype or next(model.parameters()).dtype).sync(model)
+
+    def sample(
+        self,
+        model: PreTrainedModel,
+        batch: PromptBatch,
+        settings: GenerationSettings,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> Completions:
+        options = settings.vllm or VLLMOptions()
+        dtype = autocast_dtype or next(model.parameters()).dtype
+        engine = self.engine_for(model, options, dtype)
+        engine.sync(model)
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(batch.prompt_ids, batch.prompt_mask)]
+        longest = max(len(p) for p in prompts) + settings.max_new_tokens
+        if engine.max_len and longest > engine.max_len:
+            raise ConfigError(
+                f"vllm_max_model_length={engine.max_len} is below the longest prompt plus max_new_tokens "
+                f"({longest} tokens); raise vllm_max_model_length or lower max_prompt_length / max_new_tokens."
+            )
+        rows = engine.generate(prompts, settings, batch)
+        # truncated=None: the rollout's stop-id scan flags the rows, as on every engine (vLLM's finish_reason is
+        # 'length' for a row whose last allowed token is a stop id in versions that check the length first)
+        return Completions(*completions_from(rows, batch.pad_id, settings.logprobs))
+
+    def close(self) -> None:
+        """Stop every engine this process started."""
+        for engine in list(self.engines.values()):
+            engine.close()
+        self.engines.clear()
 
 
 DECODE_LOOP, TRANSFORMERS, VLLM_ENGINE = DecodeLoopEngine(), TransformersEngine(), VLLMEngine()

@@ -1,6 +1,6 @@
 """FSDP2 sharding of an agent over its ranks under torchrun (``fsdp="full_shard"``; see docs/fsdp.md).
 
-Without ``fsdp`` an agent placed on k ranks is replicated k times (:mod:`comlrl.distributed`). With it, the agent's
+Without ``fsdp`` an agent placed on k ranks is replicated k times (:mod:`comlrl.parallel.distributed`). With it, the agent's
 ranks form a device mesh and ``torch.distributed.fsdp.fully_shard`` splits its parameters, gradients and AdamW state
 over them, each decoder layer and the root being one unit (a 2-D mesh, replicate x shard, with ``hybrid_shard``).
 The rows of a step are still split over the agent's ranks as for replicas; what changes:
@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from ..errors import ConfigError
-from .vllm_engine import AdapterVersion, SampledRow, SyncedEngine, VLLMOptions
+from .protocol import VLLMOptions
+from .vllm_engine import AdapterVersion, SampledRow, SyncedEngine
 
 
 class ServerError(RuntimeError):

@@ -1,12 +1,12 @@
 """The actor-critic trainers' configs: the learned value critic(s) and their update (:class:`ActorCriticConfig`), each
 agent's own critic (:class:`IACConfig`) or one centralized critic (:class:`MAACConfig`). Declared as every config is
-(:mod:`comlrl.config_fields`) on :class:`comlrl.config.PolicyConfig`, and importable from :mod:`comlrl.config`."""
+(:mod:`comlrl.configs.fields`) on :class:`comlrl.configs.policy.PolicyConfig`."""
 
 from __future__ import annotations
 
-from .config import PolicyConfig
-from .config_fields import config_class, help_field
-from .errors import ConfigError
+from ..errors import ConfigError
+from .fields import config_class, help_field
+from .policy import PolicyConfig
 
 
 @config_class

@@ -18,12 +18,13 @@ from typing import Any, Callable
 import torch
 
 from ..algorithms.advantages import clip_rewards, compute_advantages, cross_credit, joint_mode_name, tree_returns
-from ..config import suggest
+from ..configs.fields import suggest
 from ..engine.rewards import accepted_kwargs, compute_rewards
-from ..engine.rollout import GenerationRequest, GenerationSettings, Samples, generate_concurrently
-from ..engine.sampling import derive_seed
 from ..errors import TransitionError
-from .setup import Agent, apply_formatter
+from .agent import Agent, apply_formatter
+from .protocol import GenerationSettings
+from .rollout import GenerationRequest, Samples, generate_concurrently
+from .sampling import derive_seed
 
 
 @dataclass
@@ -96,7 +97,7 @@ def run_episode(
 
     ``seed``: sampling key of this episode; row k of agent i at turn t samples from its own stream keyed by
     (seed, t, i, k), so samples do not depend on batching or process placement (None: the global RNG).
-    Distributed hooks (:mod:`comlrl.distributed`; None in one process): ``generate_fn`` replaces
+    Distributed hooks (:mod:`comlrl.parallel.job`; None in one process): ``generate_fn`` replaces
     :func:`generate_team` and returns every agent's samples; ``run_once(fn, *args)`` runs the scoring (reward
     and transition, possibly a sandbox) once and gives every process its result or its exception.
     """
@@ -202,7 +203,7 @@ def generate_team(
     row_offset: int = 0,
 ) -> list[Samples]:
     """Each agent's samples for the nodes' prompts: one generate call per distinct model, the models decoding at
-    once on CPU (:func:`comlrl.engine.rollout.generate_concurrently`).
+    once on CPU (:func:`comlrl.rollout.rollout.generate_concurrently`).
 
     Agents sharing a LoRA base are generated together, each row routed through its agent's adapter.
     ``seed``: per-row sampling key of this turn; row k (node k // g, sample k % g) of agent i samples from

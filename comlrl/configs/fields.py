@@ -1,7 +1,7 @@
 """How comlrl's config dataclasses are declared and checked: a field with its help text, a constructor that
 refuses unknown fields (with the nearest valid name) and values of the wrong type for int / float / bool fields.
 
-The configs themselves are in :mod:`comlrl.config`, which imports these names too.
+The configs themselves are the other modules of :mod:`comlrl.configs`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compat.fields import reference_fields, reference_values, refuse_reference_fields, translate
-from .errors import ConfigError
+from ..compat.fields import reference_fields, reference_values, refuse_reference_fields, translate
+from ..errors import ConfigError
 
 
 def help_field(default: Any, text: str, **kw: Any) -> Any:

@@ -1,7 +1,7 @@
 """Batched generation for one agent: tokenize + left-pad prompts, sample G completions each, mask after EOS.
 
 All prompts of a step x ``num_generations`` go through one call per agent to its rollout engine
-(:mod:`comlrl.engine.generation`: comlrl's decode loop or transformers' ``generate``), which sees token ids only.
+(:mod:`comlrl.rollout.generation`: comlrl's decode loop, transformers' ``generate`` or vLLM), which sees token ids only.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .generation import Completions, GenerationSettings, PromptBatch, select_engine
-from .models import model_device
+from ..accel.shapes import pad_tokens
+from ..engine.models import left_pad, model_device
+from .generation import select_engine
+from .protocol import Completions, GenerationSettings, PromptBatch
 
 
 @dataclass
@@ -48,6 +51,35 @@ class Samples:
         )
 
 
+def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
+    """One agent's shards, in row order, re-padded to common widths: prompts left-, completions right-padded.
+
+    The result is what one ``generate`` call over all rows returns (its widths are the maxima over the rows).
+    """
+    if len(parts) == 1:
+        return parts[0]
+    p_width = max(p.prompt_ids.shape[1] for p in parts)
+    c_width = max(p.completion_ids.shape[1] for p in parts)
+    prompts = [
+        pad_tokens(p.prompt_ids, p.prompt_mask, left=True, multiple=1, pad_id=pad_id, width=p_width) for p in parts
+    ]
+    completions = [
+        pad_tokens(p.completion_ids, p.completion_mask, left=False, multiple=1, pad_id=pad_id, width=c_width)
+        for p in parts
+    ]
+    logp = (
+        None
+        if any(p.rollout_logprobs is None for p in parts)
+        else torch.cat([F.pad(p.rollout_logprobs, (0, c_width - p.rollout_logprobs.shape[1])) for p in parts])
+    )
+    return Samples(
+        *(torch.cat(column) for column in (*zip(*prompts), *zip(*completions))),
+        [t for p in parts for t in p.texts],
+        torch.cat([p.truncated for p in parts]),
+        logp,
+    )
+
+
 def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[int]:
     """Token ids of a prompt: the raw text (with the tokenizer's usual special tokens) or a chat user turn."""
     if chat:
@@ -60,18 +92,6 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> 
             ids = ids["input_ids"]
         return list(ids)
     return tokenizer(text, add_special_tokens=True)["input_ids"]
-
-
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) of shape (len(seqs), max_len), padded on the left."""
-    width = max(max((len(s) for s in seqs), default=0), 1)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -116,7 +136,7 @@ def generate(
     ``chat`` and ``adapter_names`` may be given per prompt; adapter names route each row through
     its agent's LoRA adapter when several agents share one base model.
     ``row_seeds`` (one per output row, prompt-major): sample row k from its own RNG stream, so its tokens do not
-    depend on the other rows of the batch (:mod:`comlrl.engine.sampling`); None samples from the global RNG.
+    depend on the other rows of the batch (:mod:`comlrl.rollout.sampling`); None samples from the global RNG.
     """
     request = GenerationRequest(
         model, tokenizer, prompts, num_generations, settings, chat, autocast_dtype, adapter_names, row_seeds
@@ -193,7 +213,7 @@ def _encode(r: GenerationRequest) -> PromptBatch:
 
 
 def _sample(r: GenerationRequest, batch: PromptBatch) -> Completions:
-    """Completions of an encoded request from its engine (:func:`comlrl.engine.generation.select_engine`); touches
+    """Completions of an encoded request from its engine (:func:`comlrl.rollout.generation.select_engine`); touches
     the model only (no tokenizer), so it may run in a thread."""
     return select_engine(r.settings, r.model).sample(r.model, batch, r.settings, r.autocast_dtype)
 

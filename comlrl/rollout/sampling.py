@@ -16,9 +16,8 @@ samples; a run is reproducible for a given decode path. Warping follows ``genera
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from transformers import LogitsProcessor
@@ -31,15 +30,6 @@ def derive_seed(*parts: object) -> int:
     """A 63-bit seed from a tuple of ints/strings (stable across processes and Python runs, unlike ``hash``)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-@contextlib.contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """The CPU RNG seeded with ``seed`` inside the block, restored after it: weights initialized in the block do not
-    depend on what ran before, and what runs after does not depend on the block."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def row_generators(seeds: Sequence[int], device: torch.device | str = "cpu") -> list[torch.Generator]:

@@ -1,42 +1,21 @@
-"""Building a team: one model, tokenizer, formatter and optimizer per agent, with input checks."""
+"""Building a team: one model, tokenizer, formatter and optimizer per agent (:class:`~comlrl.rollout.agent.Agent`), with
+input checks."""
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from ..engine.models import copy_model, load_model, load_tokenizer
 from ..errors import ConfigError, FormatterError
-from ..sharding import is_shard
+from ..parallel.sharding import is_shard
+from ..rollout.agent import Formatter
 
 log = logging.getLogger(__name__)
-
-Formatter = Callable[[dict], str]
-
-
-@dataclass
-class Agent:
-    """One member of the team and everything needed to update it."""
-
-    index: int
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    formatter: Formatter
-    chat: bool = False
-    optimizer: torch.optim.Optimizer | None = None
-    scheduler: Any = None
-    ref_model: PreTrainedModel | None = None
-    adapter: str | None = None  # LoRA adapter name when the model is shared with other agents
-    params: list = field(default_factory=list)  # this agent's trainable parameters
-
-    @property
-    def name(self) -> str:
-        return f"agent_{self.index}"
 
 
 def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, formatters: Any) -> list:
@@ -145,26 +124,6 @@ def build_formatters(formatters: Any, n: int) -> list[Formatter]:
         if not callable(f):
             raise FormatterError(f"formatters[{i}] (agent {i}) is {type(f).__name__}, not a callable row -> str.")
     return fmts
-
-
-def apply_formatter(fmt: Formatter, row: dict, agent: int, row_id: int, columns: Sequence[str] | None = None) -> str:
-    """Run an agent's formatter on a dataset row; errors name the agent, the row and the missing column."""
-    try:
-        text = fmt(row)
-    except KeyError as exc:
-        cols = list(columns) if columns is not None else list(row.keys()) if hasattr(row, "keys") else []
-        raise FormatterError(
-            f"formatter of agent {agent} needs column {exc} which dataset row {row_id} does not have (columns: {cols})."
-        ) from exc
-    except Exception as exc:
-        raise FormatterError(
-            f"formatter of agent {agent} raised {type(exc).__name__} on dataset row {row_id}: {exc}"
-        ) from exc
-    if not isinstance(text, str):
-        raise FormatterError(
-            f"formatter of agent {agent} returned {type(text).__name__} on dataset row {row_id}; it must return a str."
-        )
-    return text
 
 
 def check_batch_size(dataset_len: int, batch_size: int, name: str = "train_dataset") -> None:

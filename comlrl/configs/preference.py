@@ -1,13 +1,13 @@
 """The preference trainers' configs: how pairs are made (:class:`PreferenceConfig`), MADPO's rounds, comparator and
 replay (:class:`MADPOConfig`), MARLHF's three stages (:class:`MARLHFConfig`). Declared as every config is
-(:mod:`comlrl.config_fields`) on :class:`comlrl.config.TrainConfig`, and importable from :mod:`comlrl.config`."""
+(:mod:`comlrl.configs.fields`) on :class:`comlrl.configs.base.TrainConfig`."""
 
 from __future__ import annotations
 
-from .algorithms.preference import PAIR_MODES
-from .config import TrainConfig
-from .config_fields import config_class, help_field
-from .errors import ConfigError
+from ..algorithms.preference import PAIR_MODES
+from ..errors import ConfigError
+from .base import TrainConfig
+from .fields import config_class, help_field
 
 PREFERENCE_SOURCES = ("online", "dataset")
 PAIR_SELECTIONS = PAIR_MODES

@@ -1,13 +1,13 @@
 """The centralized baseline's config (:class:`CentralizedMAGRPOConfig`): MAGRPO with one model answering for every
-role. Declared as every config is (:mod:`comlrl.config_fields`) on :class:`comlrl.config.MAGRPOConfig`, and
-importable from :mod:`comlrl.config`."""
+role. Declared as every config is (:mod:`comlrl.configs.fields`) on
+:class:`comlrl.configs.policy.MAGRPOConfig`."""
 
 from __future__ import annotations
 
-from .algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt
-from .config import MAGRPOConfig
-from .config_fields import config_class, help_field
-from .errors import ConfigError
+from ..algorithms.preference import CENTRALIZED_TEMPLATE, centralized_prompt
+from ..errors import ConfigError
+from .fields import config_class, help_field
+from .policy import MAGRPOConfig
 
 
 @config_class

@@ -7,7 +7,8 @@ weights from memory, so it never reads a checkpoint and always samples the polic
 rollout, the parameters an optimizer step changed (torch's in-place version counters tell which; comlrl's optimizer
 steps raise them) are pushed again: a full model's weights in place through vLLM's weight-reload path, a LoRA
 adapter as a new adapter version loaded at runtime from a temporary folder outside the run directory. Server mode
-(:mod:`.vllm_server`) shares the bookkeeping (:class:`SyncedEngine`). With ``vllm_enable_sleep_mode`` on a GPU a
+(:mod:`.vllm_server`) shares the bookkeeping (:class:`SyncedEngine`); the ``"vllm"`` rollout engine that picks one
+per model is :class:`comlrl.rollout.generation.VLLMEngine`. With ``vllm_enable_sleep_mode`` on a GPU a
 process runs one engine (:class:`SleepModeClaim`), which sleeps after each rollout and wakes before the next push.
 The truncation flag of a row is not vLLM's ``finish_reason``: the rollout's stop-id scan sets it, as on every engine.
 
@@ -38,27 +39,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from ..engine.team import adapter_weights
 from ..errors import ConfigError
-from ..sharding import is_shard
-from .team import adapter_weights
+from ..parallel.sharding import is_shard
+from .protocol import VLLMOptions
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted max_lora_rank values
-
-
-@dataclass
-class VLLMOptions:
-    """How the vLLM engines of a run are set up (the trainer config's ``vllm_*`` fields, TRL's names)."""
-
-    mode: str = "colocate"
-    gpu_memory_utilization: float = 0.3
-    tensor_parallel_size: int = 1
-    enable_sleep_mode: bool = False
-    max_model_length: int | None = None
-    server_host: str = "0.0.0.0"
-    server_port: int = 8000
-    server_timeout: float = 240.0
-    seed: int = 0
-    server_adapter_dir: str | None = None  # server mode: where adapter versions are written (None: TMPDIR)
 
 
 def peft_adapters(model: Any) -> list[str]:
@@ -408,72 +394,6 @@ def _temp_root() -> str | None:
     memory-backed /dev/shm where it exists, else ``TMPDIR``."""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
-class VLLMEngine:
-    """The ``"vllm"`` rollout engine: samples a model's rows on its colocated vLLM engine, started on first use
-    and stopped when the model is garbage-collected (or by :meth:`close`)."""
-
-    name = "vllm"
-    runs_in_threads = False  # one vLLM call per model, one after another: the engine batches rows itself
-    holds_weights = True  # each engine keeps its own copy of the weights, brought up to date by prepare()
-
-    def __init__(self) -> None:
-        self.engines: weakref.WeakKeyDictionary[torch.nn.Module, SyncedEngine] = weakref.WeakKeyDictionary()
-
-    def supports(self, model: PreTrainedModel) -> bool:
-        return getattr(model, "config", None) is not None
-
-    def engine_for(self, model: PreTrainedModel, options: VLLMOptions, dtype: torch.dtype) -> SyncedEngine:
-        """The engine of ``model``, started (colocate) or connected to (server) on first use."""
-        engine = self.engines.get(model)
-        if engine is None:
-            if options.mode == "server":
-                from .vllm_server import ServerEngine
-
-                engine = ServerEngine(model, options)
-            else:
-                engine = ColocatedEngine(model, options, dtype)
-            self.engines[model] = engine
-            weakref.finalize(model, engine.close)
-        return engine
-
-    def prepare(self, model: PreTrainedModel, settings: Any, autocast_dtype: torch.dtype | None = None) -> None:
-        """Start ``model``'s engine if needed and push what changed since the last rollout (for a sharded model a
-        collective, weight by weight: every rank of its mesh calls it, rows to generate or not)."""
-        options = settings.vllm or VLLMOptions()
-        self.engine_for(model, options, autocast_dtype or next(model.parameters()).dtype).sync(model)
-
-    def sample(
-        self,
-        model: PreTrainedModel,
-        batch: Any,
-        settings: Any,
-        autocast_dtype: torch.dtype | None = None,
-    ) -> Any:
-        from .generation import Completions
-
-        options = settings.vllm or VLLMOptions()
-        dtype = autocast_dtype or next(model.parameters()).dtype
-        engine = self.engine_for(model, options, dtype)
-        engine.sync(model)
-        prompts = [row[mask.bool()].tolist() for row, mask in zip(batch.prompt_ids, batch.prompt_mask)]
-        longest = max(len(p) for p in prompts) + settings.max_new_tokens
-        if engine.max_len and longest > engine.max_len:
-            raise ConfigError(
-                f"vllm_max_model_length={engine.max_len} is below the longest prompt plus max_new_tokens "
-                f"({longest} tokens); raise vllm_max_model_length or lower max_prompt_length / max_new_tokens."
-            )
-        rows = engine.generate(prompts, settings, batch)
-        # truncated=None: the rollout's stop-id scan flags the rows, as on every engine (vLLM's finish_reason is
-        # 'length' for a row whose last allowed token is a stop id in versions that check the length first)
-        return Completions(*completions_from(rows, batch.pad_id, settings.logprobs))
-
-    def close(self) -> None:
-        """Stop every engine this process started."""
-        for engine in list(self.engines.values()):
-            engine.close()
-        self.engines.clear()
 
 
 def sampling_params(settings: Any, batch: Any) -> list[Any]:

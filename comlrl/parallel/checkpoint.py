@@ -39,9 +39,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..errors import ComlrlError
+from ..tracking import METRICS_FILE, git_info, truncate_metrics
 from . import sharding
-from .errors import ComlrlError
-from .tracking import METRICS_FILE, git_info, truncate_metrics
 
 log = logging.getLogger(__name__)
 
