@@ -59,7 +59,14 @@ def step(model: torch.nn.Module, variant: str, bf16: bool, tensors: list[torch.T
         if variant in ("logits", "before"):
             ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
             with attention.training_attention(model) if variant == "logits" else contextlib.nullcontext():
-                logp = logprobs._logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
+                logp = logprobs._logits_logprobs(
+                    model,
+                    ids=ids,
+                    mask=mask,
+                    position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                    completion_ids=c_ids,
+                    completion_mask=c_mask,
+                )
         else:
             name = _OFF.get(variant)  # "ours" / "distinct": every switch on
             original = getattr(logprobs, name) if name else None

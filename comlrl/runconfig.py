@@ -152,7 +152,7 @@ def get_algorithm(name: str) -> Algorithm:
 # --- sections ---------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EnvSection:
     name: str = help_field("", "Environment name (`comlrl envs` lists them).")
     options: dict = help_field({}, "Keyword options of comlrl.envs.make(name, ...), e.g. {transition: passed}.")
@@ -163,7 +163,7 @@ class EnvSection:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataSection:
     source: str | None = help_field(
         None,
@@ -181,7 +181,7 @@ class DataSection:
     eval_limit: int = help_field(8, "Evaluation rows (0 = no evaluation).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvaluationSection:
     before: bool = help_field(True, "Evaluate the team on the evaluation rows before training.")
     after: bool = help_field(True, "Evaluate again after training and print the before/after summary.")
@@ -194,7 +194,7 @@ class EvaluationSection:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunConfig:
     """A whole run: algorithm, environment, data, team, LoRA, trainer settings, evaluation, report."""
 

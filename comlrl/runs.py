@@ -49,7 +49,7 @@ def load_data(cfg: runconfig.RunConfig, env: Any) -> tuple[Any, Any]:
     return rows.select(range(n - d.eval_limit)), rows.select(range(n - d.eval_limit, n))
 
 
-def build_trainer(cfg: runconfig.RunConfig, env: Any, train: Any, evaluation: Any, output_dir: str) -> Any:
+def build_trainer(cfg: runconfig.RunConfig, env: Any, *, train: Any, evaluation: Any, output_dir: str) -> Any:
     """The algorithm's trainer for this env, data and team (loads the models)."""
     args = cfg.trainer_config(env_defaults=env.defaults, output_dir=output_dir)
     team = {"agents": cfg.agents} if cfg.agents is not None else {"model": cfg.model, "num_agents": cfg.team_size}
@@ -96,7 +96,9 @@ def open_evaluation(
         raise ComlrlError("eval needs evaluation rows: set data.eval_limit > 0 (e.g. --set data.eval_limit=16).")
     env = make_env(cfg)
     _, rows = load_data(cfg, env)
-    trainer = build_trainer(cfg, env, None, rows, str(target) if run else cfg.output_dir or "output")
+    trainer = build_trainer(
+        cfg, env, train=None, evaluation=rows, output_dir=str(target) if run else cfg.output_dir or "output"
+    )
     if run is None:
         team = cfg.agents if cfg.agents is not None else f"{cfg.model} x {cfg.team_size}"
         return (

@@ -113,7 +113,9 @@ class Tracker:
         if self._sinks is None:
             self._sinks = {}
             for name in self.report_to:
-                sink = _open_sink(name, self.dir, self.run_name, self.config, self.wandb_init)
+                sink = _open_sink(
+                    name, out=self.dir, run_name=self.run_name, config=self.config, wandb_init=self.wandb_init
+                )
                 if sink is not None:
                     self._sinks[name] = sink
         return self._sinks
@@ -220,7 +222,7 @@ def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
 
 
-def _open_sink(name: str, out: Path, run_name: str, config: dict, wandb_init: dict | None = None) -> Any:
+def _open_sink(name: str, *, out: Path, run_name: str, config: dict, wandb_init: dict | None = None) -> Any:
     try:
         if name == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter

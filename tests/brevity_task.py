@@ -12,8 +12,8 @@ from datasets import Dataset, load_dataset
 from comlrl.engine.process import native_bf16
 
 # The heavier slow tests fit the suite's budget only where bf16 is native: on a CPU without it (AVX2 only) bf16
-# matmuls are emulated (~60x slower) and fp32, which bf16=None picks there, made test_slow_actor_critic take 13
-# minutes instead of ~4 (and MAAC's 12-step fp32 gain was 0.09, under the 0.1 the bf16 runs clear).
+# matmuls are emulated (~60x slower) and fp32, which bf16=None picks there, makes test_slow_actor_critic take 13
+# minutes instead of ~4 (and MAAC's 12-step fp32 gain is 0.09, under the 0.1 the bf16 runs clear).
 NEEDS_NATIVE_BF16 = pytest.mark.skipif(
     not native_bf16(torch.device("cpu")), reason="fits the CI budget only on a CPU with native bf16 (AVX512-BF16/AMX)"
 )

@@ -106,7 +106,7 @@ def api_trainer(tmp_path, url, adapter=None, **kw):
 
 # ---------------------------------------------------------------------------- request / response translation
 def test_request_bodies_of_every_format():
-    assert request_body("openai", "hi", 3, SAMPLING, "gpt", {"seed": 1}) == {
+    assert request_body("openai", "hi", n=3, sampling=SAMPLING, model="gpt", extra_body={"seed": 1}) == {
         "model": "gpt",
         "messages": [{"role": "user", "content": "hi"}],
         "n": 3,
@@ -115,18 +115,20 @@ def test_request_bodies_of_every_format():
         "top_p": 0.9,
         "seed": 1,
     }
-    assert request_body("openai_responses", "hi", 1, SAMPLING, "o") == {
+    assert request_body("openai_responses", "hi", n=1, sampling=SAMPLING, model="o") == {
         "model": "o",
         "input": "hi",
         "max_output_tokens": 6,
         "temperature": 0.7,
     }
-    assert request_body("anthropic", "hi", 1, SAMPLING, "claude", {"temperature": None}) == {
+    assert request_body(
+        "anthropic", "hi", n=1, sampling=SAMPLING, model="claude", extra_body={"temperature": None}
+    ) == {
         "model": "claude",
         "max_tokens": 6,
         "messages": [{"role": "user", "content": "hi"}],
     }  # extra_body overrides, and a None drops the field
-    generic = request_body("generic", "hi", 2, SAMPLING)  # no model: left out
+    generic = request_body("generic", "hi", n=2, sampling=SAMPLING)  # no model: left out
     assert generic == {
         "prompt": "hi",
         "n": 2,
@@ -136,7 +138,7 @@ def test_request_bodies_of_every_format():
         "top_p": 0.9,
     }
     with pytest.raises(ValueError, match="one completion per request"):
-        request_body("anthropic", "hi", 2, SAMPLING)
+        request_body("anthropic", "hi", n=2, sampling=SAMPLING)
 
 
 def test_responses_of_every_format():

@@ -91,7 +91,7 @@ def test_packed_forward_runs_slot_attention_and_restores_the_implementation(attn
     layers = model.config.num_hidden_layers if attn == "eager" else 0
     assert len(calls) == layers
     assert model.config._attn_implementation == attn
-    monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args: None)
+    monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args, **kwargs: None)
     torch.testing.assert_close(packed, logprobs.completion_logprobs(model, *tensors), atol=1e-5, rtol=1e-5)
     assert len(calls) == layers  # separate rows: the model's own attention
     q = torch.zeros(1, 4, 3, 8)

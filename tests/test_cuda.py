@@ -150,7 +150,9 @@ def test_fast_bf16_prefill_close_to_hf_bf16(bf16_device):
     ids, mask = on(bf16_device, *left_pad(PROMPTS, 0))
     with torch.no_grad():
         ref = copy.deepcopy(model).to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits[:, -1].float()
-        ours = LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
+        ours = LlamaDecoder(model, batch=len(PROMPTS), max_len=ids.shape[1] + 4, dtype=torch.bfloat16).prefill(
+            ids, mask
+        )
         fp32 = model(input_ids=ids, attention_mask=mask).logits[:, -1]
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max() < 0.05 * fp32.abs().max()

@@ -199,10 +199,10 @@ def test_a_lone_agent_scores_well_below_the_split():
         assert out["level/names"] == 1.0 and out["level/args"] == 1.0 and out["level/count"] == 1.0
         assert out["level/part"] == pytest.approx(1 / 3) and out["level/exact"] == 0.0 and out["level/empty"] == 0.5
         assert out["metric/bfcl_accuracy"] == 1.0 and out["metric/split_followed"] == 0.0
-        assert out["reward"] == pytest.approx(0.5 + 0.5 + 1.0 + 2.0 / 3 + 0.5 - 0.25)  # 2.92 (4.5 before)
+        assert out["reward"] == pytest.approx(0.5 + 0.5 + 1.0 + 2.0 / 3 + 0.5 - 0.25)  # 2.92
     out = score(ALL, "I will leave the calls to you.")  # a teammate writing prose: format 1/2 instead of empty
     assert out["level/format"] == 0.5 and out["level/empty"] == 0.0 and out["level/part"] == pytest.approx(1 / 3)
-    assert out["reward"] == pytest.approx(0.25 + 0.5 + 1.0 + 2.0 / 3 + 0.5)  # 2.92 (4.5 before)
+    assert out["reward"] == pytest.approx(0.25 + 0.5 + 1.0 + 2.0 / 3 + 0.5)  # 2.92
     out = score(ALL, ALL)  # the teammate repeats every call
     assert out["level/part"] == pytest.approx(2 / 3) and out["level/duplicate"] == 1.0
     assert out["reward"] == pytest.approx(0.5 + 0.5 * 2 / 3 + 1.0 + 2.0 * 2 / 3 - 1.0)  # 2.17
@@ -214,7 +214,7 @@ def test_swapped_parts_score_below_the_maximum():
     out = score(GOOD_2, GOOD_1)  # the union is right (BFCL accepts it) but each agent made the other's part
     assert out["metric/bfcl_accuracy"] == 1.0 and out["level/args"] == 1.0 and out["level/count"] == 1.0
     assert out["level/part"] == 0.0 and out["level/exact"] == 0.0 and out["metric/split_followed"] == 0.0
-    assert out["reward"] == pytest.approx(0.5 + 0.5 + 1.0 + 0.5)  # 2.5 (5.0 before)
+    assert out["reward"] == pytest.approx(0.5 + 0.5 + 1.0 + 0.5)  # 2.5
 
 
 HACKS = {
@@ -223,7 +223,7 @@ HACKS = {
     # 6 calls, 2 duplicates: names 2*4/10, part (2/3 + 1)/2, count 1/2, duplicate 2/4
     "agent 1 its part and agent 2's": ((ALL, GOOD_2), 0.5 + 0.5 * 0.8 + 1.0 + 2.0 * 5 / 6 + 0.25 - 0.5),
     "agent 2 its part and agent 1's": ((GOOD_1, ALL), 0.5 + 0.5 * 0.8 + 1.0 + 2.0 * 5 / 6 + 0.25 - 0.5),
-    # the union is exactly the needed set (5.0 before), but agent 1 took one call of agent 2's part:
+    # the union is exactly the needed set, but agent 1 took one call of agent 2's part:
     # part (2*2/(2+3) + 2*1/(2+1))/2
     "agent 1 takes one of agent 2's calls": (
         (calls(AREA_SQ, AREA_CI, PER_SQ), calls(PER_CI)),

@@ -507,8 +507,8 @@ HONEST_PAIRS = Path(__file__).parent / "data" / "tldr_honest_pairs.json"
 
 
 def test_hand_written_honest_tldr_pairs_count():
-    """Honest pairs of two styles (close to the post's wording, paraphrased) for 24 packaged posts, written before
-    the rule was set: at least 90% of them score (benchmarks/bench_tldr_honest.py prints the rates)."""
+    """Honest pairs of two styles (close to the post's wording, paraphrased) for 24 packaged posts, written without
+    regard to the rule (not tuned to pass it): at least 90% of them score (benchmarks/bench_tldr_honest.py prints the rates)."""
     data = json.loads(HONEST_PAIRS.read_text())["pairs"]
     env = envs.make("tldr")
     rows = env.load_dataset()

@@ -159,7 +159,9 @@ def test_bf16_logits_close_to_hf_bf16():
     ids, mask = left_pad(PROMPTS, 0)
     with torch.no_grad():
         ref = copy.deepcopy(model).to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits[:, -1].float()
-        ours = LlamaDecoder(model, len(PROMPTS), ids.shape[1] + 4, torch.bfloat16).prefill(ids, mask)
+        ours = LlamaDecoder(model, batch=len(PROMPTS), max_len=ids.shape[1] + 4, dtype=torch.bfloat16).prefill(
+            ids, mask
+        )
         fp32 = model(input_ids=ids, attention_mask=mask).logits[:, -1]
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max() < 0.05 * fp32.abs().max()
@@ -228,7 +230,14 @@ def test_mixed_adapters_same_prompt_not_merged():
     assert torch.equal(mixed[4:, : alone[2].shape[1]], alone[2])
     assert not torch.equal(alone[0], alone[1])  # the adapters do differ
     # bf16 decode with routed adapters stays close to the fp32 logits of the model itself
-    dec = LlamaDecoder(model.base_model.model, len(names), ids.shape[1] + 1, torch.bfloat16, "__base__", routed=names)
+    dec = LlamaDecoder(
+        model.base_model.model,
+        batch=len(names),
+        max_len=ids.shape[1] + 1,
+        dtype=torch.bfloat16,
+        adapter="__base__",
+        routed=names,
+    )
     logits = dec.prefill(ids, mask)
     with torch.no_grad():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -403,7 +412,7 @@ def test_unsupported_layout_falls_back_to_generic():
             pad_token_id=0,
             backend="llama",
         )
-    assert isinstance(fastgen._make_decoder(model, 1, 8, None), fastgen._HFDecoder)
+    assert isinstance(fastgen._make_decoder(model, batch=1, max_len=8, dtype=None), fastgen._HFDecoder)
 
 
 def test_gradient_checkpointing_keeps_the_llama_path_but_other_hooks_do_not():
@@ -411,11 +420,11 @@ def test_gradient_checkpointing_keeps_the_llama_path_but_other_hooks_do_not():
     model.gradient_checkpointing_enable()  # puts a requires_grad hook on the input embeddings
     model.enable_input_require_grads()
     model.eval()
-    assert isinstance(fastgen._make_decoder(model, 1, 8, None), LlamaDecoder)
+    assert isinstance(fastgen._make_decoder(model, batch=1, max_len=8, dtype=None), LlamaDecoder)
     ids, mask = left_pad(PROMPTS, 0)
     assert torch.equal(greedy(model, ids, mask, 0, [2], 8, backend="llama"), hf_greedy(model, ids, mask, 0, [2], 8))
     model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)  # changes the outputs
-    assert isinstance(fastgen._make_decoder(model, 1, 8, None), fastgen._HFDecoder)
+    assert isinstance(fastgen._make_decoder(model, batch=1, max_len=8, dtype=None), fastgen._HFDecoder)
 
 
 # --- the real model ---------------------------------------------------------------------------------------------------

@@ -206,14 +206,14 @@ def trainers():
 @pytest.mark.parametrize("index", range(5), ids=["magrpo", "iac", "madpo", "centralized", "marlhf"])
 def test_use_vllm_fails_at_construction_before_any_model_loads(index, no_vllm, monkeypatch):
     """Every trainer: use_vllm=True without vllm fails while it is constructed, before a model is loaded."""
-    from comlrl.trainers import base
+    from comlrl.trainers import build
 
     trainer, config = trainers()[index]
 
     def load(*args, **kwargs):
         raise AssertionError("a model was loaded before the engine check")
 
-    monkeypatch.setattr(base, "build_models", load)
+    monkeypatch.setattr(build, "build_models", load)
     args = config(use_vllm=True, num_generations=2, max_new_tokens=4, disable_tqdm=True, logging_steps=0)
     with pytest.raises(ConfigError, match="pip install vllm"):
         trainer(model="embedded", reward_func=lambda a, b: [0.0] * len(a), args=args, formatters=[str, str])

@@ -100,7 +100,7 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
         grads = []
         for t in (shared, plain):
             agent = t.agents[i]
-            t._accumulate_agent(agent, batches, w, FrozenLogprobs(), 0)
+            t.update._accumulate_agent(agent, batches, w, FrozenLogprobs(), 0)
             grads.append([p.grad.clone() for p in agent.params])
             agent.optimizer.zero_grad()
         for g1, g2 in zip(*grads):
@@ -208,7 +208,7 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
     fmts = [lambda r: r["prompt"], lambda r: "Answer in a few words, please. " + r["prompt"], lambda r: r["prompt"]]
     t = trainer(bf16=True, formatters=fmts, team_lora_forward=True)
     _sync_adapters(t, t)
-    assert t._update_groups() == [t.agents]
+    assert t.update._update_groups() == [t.agents]
     ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
     adv = episode_advantages(ep, 3, 2)
     data = {}
@@ -219,11 +219,11 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
             loss_weights([samples.completion_mask], "token_mean"),
             FrozenLogprobs(),
         )
-    team_sums = t._accumulate_team(t.agents, data, 0)
+    team_sums = t.update._accumulate_team(t.agents, data, 0)
     team = [[p.grad.clone() for p in a.params] for a in t.agents]
     for a in t.agents:
         batches, w, _ = data[a.index]
-        sums = t._accumulate_agent(a, batches, w, FrozenLogprobs(), 0)
+        sums = t.update._accumulate_agent(a, batches, w, FrozenLogprobs(), 0)
         for k, v in sums.items():
             assert abs(team_sums[a.index][k] - v) <= 1e-2 * max(abs(v), 1e-3), (a.index, k)
         alone = [p.grad for p in a.params]
@@ -236,13 +236,17 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
 
 def test_team_lora_forward_is_used_only_where_it_routes_exactly():
     t = trainer(bf16=True, team_lora_forward=True)
-    assert t._update_groups() == [t.agents]
-    assert [len(g) for g in trainer(bf16=False, team_lora_forward=True)._update_groups()] == [1, 1, 1]  # no autocast
+    assert t.update._update_groups() == [t.agents]
+    assert [len(g) for g in trainer(bf16=False, team_lora_forward=True).update._update_groups()] == [
+        1,
+        1,
+        1,
+    ]  # no autocast
     pairs = trainer(bf16=True)  # default: 2 agents per pass
-    assert [[a.index for a in g] for g in pairs._update_groups()] == [[0, 1], [2]]
+    assert [[a.index for a in g] for g in pairs.update._update_groups()] == [[0, 1], [2]]
     for off in (False, 1):
-        assert [len(g) for g in trainer(bf16=True, team_lora_forward=off)._update_groups()] == [1, 1, 1]
-    assert [len(g) for g in trainer(bf16=True, team_lora_forward=3)._update_groups()] == [3]
+        assert [len(g) for g in trainer(bf16=True, team_lora_forward=off).update._update_groups()] == [1, 1, 1]
+    assert [len(g) for g in trainer(bf16=True, team_lora_forward=3).update._update_groups()] == [3]
     import pytest
 
     from comlrl.errors import ConfigError
@@ -254,7 +258,7 @@ def test_team_lora_forward_is_used_only_where_it_routes_exactly():
     for m in dropout.agents[0].model.modules():
         if hasattr(m, "lora_dropout") and "agent_1" in m.lora_dropout:
             m.lora_dropout["agent_1"] = torch.nn.Dropout(0.1)
-    assert [len(g) for g in dropout._update_groups()] == [1, 1, 1]
+    assert [len(g) for g in dropout.update._update_groups()] == [1, 1, 1]
 
 
 def test_routed_forward_refuses_a_layer_it_cannot_compute():

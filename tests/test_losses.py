@@ -177,7 +177,14 @@ def _logits_path(model, p_ids, p_mask, c_ids, c_mask):
     from comlrl.engine.logprobs import _logits_logprobs
 
     ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
-    return _logits_logprobs(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), c_ids, c_mask)
+    return _logits_logprobs(
+        model,
+        ids=ids,
+        mask=mask,
+        position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+        completion_ids=c_ids,
+        completion_mask=c_mask,
+    )
 
 
 def _logp_and_grads(model, fn, tensors, weights):
@@ -217,8 +224,10 @@ def test_chunked_head_logprobs_equal_the_models_logits(tied):
     # chunking changes nothing: 3 rows of logits at a time vs all at once
     h = torch.randn(10, 32, requires_grad=True)
     labels = torch.randint(0, 259, (10,))
-    a = head_logprobs(h, model.lm_head.weight, None, labels, chunk=3, keep_bytes=0)  # recomputed in backward
-    b = head_logprobs(h, model.lm_head.weight, None, labels, chunk=100)  # kept
+    a = head_logprobs(
+        h, model.lm_head.weight, bias=None, labels=labels, chunk=3, keep_bytes=0
+    )  # recomputed in backward
+    b = head_logprobs(h, model.lm_head.weight, bias=None, labels=labels, chunk=100)  # kept
     torch.testing.assert_close(a, b)
     first = torch.autograd.grad(b.sum(), h, retain_graph=True)[0]
     torch.testing.assert_close(torch.autograd.grad(a.sum(), h)[0], first)
@@ -263,7 +272,9 @@ def test_head_logprobs_gradcheck(keep_bytes):
     # nondet_tol: kept logits are consumed by the first backward; a repeated backward recomputes them (same values up
     # to rounding)
     assert torch.autograd.gradcheck(
-        lambda h, w, b: head_logprobs(h, w, b, labels, chunk=2, keep_bytes=keep_bytes), (h, w, b), nondet_tol=1e-12
+        lambda h, w, b: head_logprobs(h, w, bias=b, labels=labels, chunk=2, keep_bytes=keep_bytes),
+        (h, w, b),
+        nondet_tol=1e-12,
     )
 
 
@@ -293,11 +304,13 @@ def test_rows_sharing_a_prompt_are_packed_with_the_same_logprobs_and_gradients(a
     model.set_attn_implementation(attn)
     p_ids, p_mask, c_ids, c_mask = _grouped_batch()
     positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
-    layout = packing.shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, model.config)
+    layout = packing.shared_prompt_layout(
+        p_ids, p_mask, completion_ids=c_ids, completion_mask=c_mask, position_ids=positions, config=model.config
+    )
     assert layout is not None and layout[0].shape == (3, 6 + 3 * 5)  # 3 prompts, at most 3 completions each
     tensors, weights = (p_ids, p_mask, c_ids, c_mask), torch.randn(c_ids.shape)
     packed = _logp_and_grads(model, completion_logprobs, tensors, weights)
-    monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args: None)
+    monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args, **kwargs: None)
     _assert_same_learning(packed, _logp_and_grads(model, completion_logprobs, tensors, weights), c_mask)
 
 
@@ -314,7 +327,7 @@ def test_packed_rows_with_lora_under_bf16_autocast_match_separate_rows(monkeypat
     results = []
     for packed in (True, False):
         if not packed:
-            monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args: None)
+            monkeypatch.setattr(logprobs, "shared_prompt_layout", lambda *args, **kwargs: None)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
@@ -332,22 +345,53 @@ def test_packing_is_declined_when_it_would_not_pay():
     config = tiny_model(hidden=64).config
     p_ids, p_mask, c_ids, c_mask = _grouped_batch()
     positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
-    assert shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, config) is not None
+    assert (
+        shared_prompt_layout(
+            p_ids, p_mask, completion_ids=c_ids, completion_mask=c_mask, position_ids=positions, config=config
+        )
+        is not None
+    )
     # every prompt distinct: nothing to share
     distinct = p_ids.clone()
     distinct[:, -1] = torch.arange(7) + 3
-    assert shared_prompt_layout(distinct, p_mask, c_ids, c_mask, positions, config) is None
+    assert (
+        shared_prompt_layout(
+            distinct, p_mask, completion_ids=c_ids, completion_mask=c_mask, position_ids=positions, config=config
+        )
+        is None
+    )
     # 16 long completions of a short prompt: the packed attention rows would cost more than the prompt saved
     many = torch.randint(3, 259, (1, 4)).repeat(16, 1)
     long_ids = torch.randint(3, 259, (16, 200))
     ones = lambda t: torch.ones_like(t)  # noqa: E731
     pos = torch.arange(204).repeat(16, 1)
-    assert shared_prompt_layout(many, ones(many), long_ids, ones(long_ids), pos, config) is None
+    assert (
+        shared_prompt_layout(
+            many, ones(many), completion_ids=long_ids, completion_mask=ones(long_ids), position_ids=pos, config=config
+        )
+        is None
+    )
     # ... unless attention runs by blocks (each slot over [prompt; slot]): then it always pays
-    assert shared_prompt_layout(many, ones(many), long_ids, ones(long_ids), pos, config, blocked=True) is not None
+    assert (
+        shared_prompt_layout(
+            many,
+            ones(many),
+            completion_ids=long_ids,
+            completion_mask=ones(long_ids),
+            position_ids=pos,
+            config=config,
+            blocked=True,
+        )
+        is not None
+    )
     # a sliding window shorter than the rows: the custom mask would drop it
     config.model_type, config.sliding_window = "mistral", 8
-    assert shared_prompt_layout(p_ids, p_mask, c_ids, c_mask, positions, config) is None
+    assert (
+        shared_prompt_layout(
+            p_ids, p_mask, completion_ids=c_ids, completion_mask=c_mask, position_ids=positions, config=config
+        )
+        is None
+    )
 
 
 def test_truncated_importance_weights_on_a_mismatched_rollout():
@@ -413,11 +457,11 @@ def test_completion_sampler_logprobs_penalize_what_the_row_holds_so_far():
     completion_ids, completion_mask = torch.tensor([[1, 0, 2, 0]]), torch.tensor([[1, 1, 1, 0]])
     got = completion_sampler_logprobs(
         lambda rows, cols: logits[rows, cols],
-        prompt_ids,
-        prompt_mask,
-        completion_ids,
-        completion_mask,
-        SamplerSettings(repetition_penalty=2.0),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        settings=SamplerSettings(repetition_penalty=2.0),
         vocab=4,
     )
     e = math.exp

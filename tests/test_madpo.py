@@ -12,7 +12,9 @@ from comlrl.configs.preference import MADPOConfig
 from comlrl.engine.logprobs import completion_logprobs
 from comlrl.engine.team import reference_mode
 from comlrl.errors import ConfigError
+from comlrl.trainers import dpo_update
 from comlrl.trainers.madpo import MADPOTrainer
+from comlrl.trainers.optim import OptimizerStep
 from comlrl.trainers.pairs import read_jsonl, shard_path, snapshot_rounds
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
@@ -78,26 +80,27 @@ def test_online_rounds_store_pairs_and_train_every_agent(tmp_path, lora):
     assert [s["round"] for s in summaries] == [0, 1] and len(summaries[0]["team_rewards"]) == 4 * 3
 
 
-def test_each_agent_gradient_equals_the_joint_autograd_gradient(tmp_path):
+def test_each_agent_gradient_equals_the_joint_autograd_gradient(tmp_path, monkeypatch):
     """The trainer's two passes (others' terms as values) give each agent the gradient of the team loss through its
     own term: the same as one autograd pass over both agents' live log-probs, taking agent i's part."""
     t = trainer(tmp_path, num_rounds=1, steps_per_round=1, reference_free=False, beta=0.5)
     grads = {}
 
-    def record(agent):
-        grads[agent.index] = [p.grad.detach().clone() for p in agent.params]
-        agent.optimizer.zero_grad(set_to_none=True)
-        return 0.0
+    def record(*, optimizer, params, **_):
+        agent = next(a for a in t.agents if a.optimizer is optimizer)
+        grads[agent.index] = [p.grad.detach().clone() for p in params]
+        optimizer.zero_grad(set_to_none=True)
+        return OptimizerStep(grad_norm=0.0, lr=0.0)
 
-    t._optimizer_step = record
+    monkeypatch.setattr(dpo_update, "optimizer_step", record)
     t.train()
     batch = t._micro_batch(0)
     records = [p for p, _ in batch]
-    tensors = [t._pair_tensors(a, records) for a in t.agents]
-    ref_c, ref_r = t._reference_logps(records, tensors)
+    tensors = [t.update.pair_tensors(a, records) for a in t.agents]
+    ref_c, ref_r = t.update.reference_logps(records, tensors)
     for a in t.agents:
         a.model.zero_grad(set_to_none=True)
-    logps = torch.stack([t._sequence_logps(a, x, grad=True) for a, x in zip(t.agents, tensors)])
+    logps = torch.stack([t.update.sequence_logps(a, x, grad=True) for a, x in zip(t.agents, tensors)])
     b = len(records)
     # the plain team loss on h (no per-agent split): d loss / d theta_i is the same as agent i's own-term gradient
     h = (logps[:, :b] - ref_c - logps[:, b:] + ref_r).sum(dim=0)
@@ -190,7 +193,7 @@ def test_stop_token_scored_when_pad_is_eos(tmp_path):
         train_dataset=labelled(2),
         args=cfg(tmp_path, preferences="dataset", per_device_train_batch_size=2),
     )
-    tensors = t._pair_tensors(t.agents[0], t._offline[:2])
+    tensors = t.update.pair_tensors(t.agents[0], t._offline[:2])
     ids, mask = tensors[2], tensors[3]
     last = mask.sum(dim=1) - 1
     assert (ids[torch.arange(len(ids)), last] == tok.eos_token_id).all() and (mask.sum(dim=1) > 1).all()
@@ -296,13 +299,13 @@ def test_each_round_trains_every_one_of_its_own_pairs(tmp_path):
         replay="all",
     )
     trained: list[list[tuple[dict, float]]] = []
-    original = t.optimize_pairs
+    original = t.update.optimize
 
     def spy(micro):
         trained.append([entry for batch in micro for entry in batch])
         return original(micro)
 
-    t.optimize_pairs = spy
+    t.update.optimize = spy
     t.train()
     for r in range(3):
         fresh = {(rec["row"], tuple(rec["chosen"]), tuple(rec["rejected"])) for rec in t._pairs_by_round[r]}
@@ -325,13 +328,13 @@ def test_ipo_scores_token_mean_log_probs_as_trl(tmp_path):
         args=cfg(tmp_path, preferences="dataset", loss_type="ipo", per_device_train_batch_size=4),
     )
     records = t._offline[:4]
-    tensors = [t._pair_tensors(a, records) for a in t.agents]
+    tensors = [t.update.pair_tensors(a, records) for a in t.agents]
     agent, x = t.agents[0], tensors[0]
     with torch.no_grad():
         tokens = completion_logprobs(agent.model, *x)
     mean = tokens.sum(dim=1) / x[3].sum(dim=1)
-    torch.testing.assert_close(t._sequence_logps(agent, x), mean)
-    ref_c, ref_r = t._reference_logps(records, tensors)  # the reference is the initial model: the same values
+    torch.testing.assert_close(t.update.sequence_logps(agent, x), mean)
+    ref_c, ref_r = t.update.reference_logps(records, tensors)  # the reference is the initial model: the same values
     torch.testing.assert_close(ref_c[0], mean[:4], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ref_r[0], mean[4:], rtol=1e-5, atol=1e-6)
 
@@ -351,8 +354,8 @@ def test_dropout_is_off_by_default_and_the_reference_is_scored_in_eval_mode(tmp_
             layer.self_attn.attention_dropout = 0.5
         agent.model.train()
     records = t._offline[:2]
-    tensors = [t._pair_tensors(a, records) for a in t.agents]
-    ref_c, ref_r = t._reference_logps(records, tensors)
+    tensors = [t.update.pair_tensors(a, records) for a in t.agents]
+    ref_c, ref_r = t.update.reference_logps(records, tensors)
     assert all(a.model.training for a in t.agents)  # train mode restored
     for agent, x in zip(t.agents, tensors):
         agent.model.eval()
@@ -373,13 +376,13 @@ def test_evaluate_pairs_scores_in_eval_mode_and_restores_train_mode(tmp_path):
         args=cfg(tmp_path, preferences="dataset", per_device_train_batch_size=2),
     )
     seen = []
-    original = t._sequence_logps
+    original = t.update.sequence_logps
 
     def spy(agent, tensors, grad=False):
         seen.append(agent.model.training)
         return original(agent, tensors, grad)
 
-    t._sequence_logps = spy
+    t.update.sequence_logps = spy
     for a in t.agents:
         a.model.train()
     t.evaluate()

@@ -84,7 +84,7 @@ def test_three_stages_end_to_end(tmp_path):
     t.rl.save_checkpoint()
     again = trainer(tmp_path, args=cfg(tmp_path, max_steps=3, overwrite_output_dir=True))
     again.preference_pairs = lambda: pytest.fail("stage 1 ran again on resume")
-    # a run saved before the score statistic was kept: it is recomputed from the stored pairs
+    # a saved reward model whose metrics.json lacks the score statistics: they are recomputed from the stored pairs
     saved = tmp_path / "run" / "reward_model" / "metrics.json"
     old = {k: v for k, v in json.loads(saved.read_text()).items() if "score_" not in k}
     saved.write_text(json.dumps(old))

@@ -206,9 +206,12 @@ def test_cpu_limit():
     assert result.status == "ok"
     assert [t.status for t in result.tests] == ["passed", "timeout", "passed"]
     assert "CPU time limit of 1 s" in result.tests[1].message
-    legacy = run_tests(program, ["assert True", "spin()"], limits=limits, verdict="legacy")
-    assert legacy.status == "timeout" and "CPU time limit of 1 s" in legacy.message
-    assert [t.status for t in legacy.tests] == ["passed", "timeout"]
+    spawned = run_tests(program, ["assert True", "spin()"], limits=limits, verdict="shared-spawn")
+    assert spawned.status == "timeout" and "CPU time limit of 1 s" in spawned.message
+    assert [t.status for t in spawned.tests] == ["passed", "timeout"]
+    isolation = spawned.info["isolation"]  # a fresh interpreter: no zygote, so none of its view or seccomp
+    assert isolation["launcher"] == "spawn" and isolation["seccomp"] == "off"
+    assert isolation["view"] == ("full" if isolation["mode"].startswith("ns-") else "none")
 
 
 def test_test_that_swallows_the_alarm_is_stopped_by_the_wall_clock():
@@ -721,7 +724,7 @@ def test_plain_mode_still_enforces_limits_and_verdicts(monkeypatch):
     assert [t.status for t in result.tests] == ["passed", "failed"]
     assert run_tests("while True: pass", ["assert True"], timeout=1.0).status == "timeout"
     assert run_tests("import os\nos._exit(0)", ["assert True"]).status == "program_error"
-    assert run_tests("import os\nos._exit(0)", ["assert True"], verdict="legacy").status == "crashed"
+    assert run_tests("import os\nos._exit(0)", ["assert True"], verdict="shared-spawn").status == "crashed"
     flood = run_tests("while True: print('x' * 10000)", ["assert True"], limits=SandboxLimits(max_output_bytes=100))
     assert flood.status == "crashed" and len(flood.stdout) == 100
 

@@ -57,8 +57,8 @@ def test_temperature_loss_gradient_is_reinforce_of_the_tempered_policy():
     agent = t.agents[0]
     samples, a0 = episode.turns[0].samples[0], adv[0][0]
     assert a0.abs().sum() > 0
-    weights = t.token_weights([(episode, adv)], [samples])
-    t._accumulate_agent(agent, [(samples, a0)], weights, FrozenLogprobs(), 0)
+    weights = t.update.token_weights([(episode, adv)], [samples])
+    t.update._accumulate_agent(agent, [(samples, a0)], weights, FrozenLogprobs(), 0)
     got = [p.grad.clone() for p in agent.params]
 
     model = agent.model
@@ -221,7 +221,7 @@ def test_turn_weighting_reaches_the_trainer_weights():
     )
     episode = t.rollout(ROWS[:1], [0], t.generation_settings(), 2, length_reward, seed=1)
     adv = t.compute_advantages(episode, {})
-    w = t.token_weights([(episode, adv)], [turn.samples[0] for turn in episode.turns])
+    w = t.update.token_weights([(episode, adv)], [turn.samples[0] for turn in episode.turns])
     assert [round(float(x.sum()), 6) for x in w] == [0.5, 0.5]
 
 
@@ -248,7 +248,7 @@ def test_mask_truncated_completions_weighs_truncated_rows_zero():
     episode = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, length_reward, seed=3)
     samples = episode.turns[0].samples[0]
     assert samples.truncated.any()
-    (w,) = t.token_weights([(episode, None)], [samples])
+    (w,) = t.update.token_weights([(episode, None)], [samples])
     assert float(w[samples.truncated].abs().sum()) == 0.0
     assert bool((w[~samples.truncated].sum(1) > 0).all())
 
@@ -349,13 +349,13 @@ def test_disable_dropout_zeroes_every_dropout():
 
 # ----------------------------------------------------------------------------------------------- bf16 default
 def test_bf16_default_is_detected_once_and_logged(monkeypatch, caplog):
-    import comlrl.trainers.base as base
+    import comlrl.trainers.build as build
 
     monkeypatch.delenv("COMLRL_BF16", raising=False)
     args = cfg(bf16=None)
     for native in (True, False):
-        monkeypatch.setattr(base, "native_bf16", lambda device, _n=native: _n)
-        monkeypatch.setattr(base, "default_bf16", lambda device, _n=native: _n)
+        monkeypatch.setattr(build, "native_bf16", lambda device, _n=native: _n)
+        monkeypatch.setattr(build, "default_bf16", lambda device, _n=native: _n)
         with caplog.at_level("INFO", logger="comlrl"):
             t = MAGRPOTrainer(
                 model=tiny_model(), tokenizer=tiny_tokenizer(), train_dataset=ROWS, reward_func=length_reward, args=args

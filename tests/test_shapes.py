@@ -73,7 +73,7 @@ def test_head_logprobs_runs_bucketed_rows_with_the_same_values_and_gradients(mon
     torch.manual_seed(0)
     h, w = torch.randn(37, 16, requires_grad=True), torch.randn(50, 16, requires_grad=True)
     labels = torch.randint(0, 50, (37,))
-    out = head_logprobs(h, w, None, labels)
+    out = head_logprobs(h, w, bias=None, labels=labels)
     assert seen == [round_up(37, ROWS)] and out.shape == (37,)
     ref = F.log_softmax(h @ w.T, dim=-1).gather(1, labels[:, None])[:, 0]
     torch.testing.assert_close(out, ref)

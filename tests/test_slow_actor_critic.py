@@ -2,7 +2,7 @@
 
 Same task as test_slow_learning.py (team brevity on real Reddit posts: 1 - total words / 48), with LoRA actors on
 one shared base (bf16 where the CPU computes it natively, else fp32) so that three trainers fit the CI budget. Each trainer is scored greedily on 8 held-out posts
-before and after training, and on its training reward (first vs last 4 steps). Numbers are printed for the issue note.
+before and after training, and on its training reward (first vs last 4 steps). The numbers are printed.
 """
 
 import json

@@ -74,7 +74,7 @@ def test_runs_without_a_named_output_dir_get_fresh_folders(tiny_dir, tmp_path, m
     )
     folders = []
     for _ in range(2):
-        with caplog.at_level(logging.INFO, logger="comlrl.trainers.base"):
+        with caplog.at_level(logging.INFO, logger="comlrl.trainers.build"):
             t = MAGRPOTrainer(
                 agent_model=tiny_dir, num_agents=2, train_dataset=ROWS, reward_func=length_reward, args=args
             )
@@ -165,7 +165,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
     grads = {}
     for mode in ("none", "mean", "loo", "max"):
         adv = episode_advantages(ep, 2, 4, mode=mode)
-        t._accumulate_agent(agent, [(samples, adv[0][0])], w, FrozenLogprobs(), 0)
+        t.update._accumulate_agent(agent, [(samples, adv[0][0])], w, FrozenLogprobs(), 0)
         grads[mode] = torch.cat([p.grad.flatten() for p in agent.params])
         agent.optimizer.zero_grad()
     modes = list(grads)
@@ -388,10 +388,10 @@ def test_heap_fragmentation_setting_is_applied_and_checked(monkeypatch):
     """The trainer sets glibc's mmap threshold from the config (None leaves malloc alone); bad values name the field."""
     from comlrl.engine import process as setup
     from comlrl.errors import ConfigError
-    from comlrl.trainers import base
+    from comlrl.trainers import build
 
     calls = []
-    monkeypatch.setattr(base, "limit_heap_fragmentation", lambda kb: calls.append(kb))
+    monkeypatch.setattr(build, "limit_heap_fragmentation", lambda kb: calls.append(kb))
     MAGRPOTrainer(
         model=tiny_model(),
         tokenizer=tiny_tokenizer(),

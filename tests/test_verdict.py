@@ -3,8 +3,8 @@
 The tests run in a judge process, the program in a candidate process; only data crosses. Each
 hack of HACKS is a program written to pass tests without solving the task; none may get a passing
 test, in the asserts kind or the unittest kind, directly or through the humaneval / mbpp / classeval
-rewards. The old single-interpreter mode (``verdict="legacy"``) is run too, to show that the hacks
-are real: several of them pass there.
+rewards. The same hacks run in one freshly spawned interpreter (``verdict="shared-spawn"``) too, to
+show that they are real: several of them pass there.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ HACKS = {
                     pass
     """,
     "ptrace_the_judge": "import ctypes\ndef f(x):\n    ctypes.CDLL(None).ptrace(16, 2, 0, 0)",
-    # Never kill(-1) here: in plain mode as root, without seccomp (the legacy runs), that stops
+    # Never kill(-1) here: in plain mode as root, without seccomp (the shared-spawn runs), that stops
     # every process of the machine. Refusing kill(-1) is tested with signal 0 below.
     "signal_the_judge": """
         import os, signal
@@ -214,13 +214,15 @@ def hack_results():
     names = list(HACKS)
     jobs = [dict(program=HACKS[n], tests=ASSERTS, limits=LIMITS) for n in names]
     jobs += [dict(program=HACKS[n], tests=UNITTESTS, kind="unittest", limits=LIMITS) for n in names]
-    jobs += [dict(program=HACKS[n], tests=ASSERTS, limits=LIMITS, verdict="legacy") for n in names]
-    jobs += [dict(program=HACKS[n], tests=UNITTESTS, kind="unittest", limits=LIMITS, verdict="legacy") for n in names]
+    jobs += [dict(program=HACKS[n], tests=ASSERTS, limits=LIMITS, verdict="shared-spawn") for n in names]
+    jobs += [
+        dict(program=HACKS[n], tests=UNITTESTS, kind="unittest", limits=LIMITS, verdict="shared-spawn") for n in names
+    ]
     results = run_many(jobs)
     k = len(names)
     return {
         kind: dict(zip(names, results[i * k : (i + 1) * k]))
-        for i, kind in enumerate(("asserts", "unittest", "legacy_asserts", "legacy_unittest"))
+        for i, kind in enumerate(("asserts", "unittest", "spawn_asserts", "spawn_unittest"))
     }
 
 
@@ -245,11 +247,11 @@ def test_hacks_leave_suspect_records(hack_results):
 
 
 def test_the_hacks_work_in_one_interpreter(hack_results):
-    # Why the split matters: in the old mode these fool the tests.
-    legacy = {n: r.n_passed for n, r in hack_results["legacy_asserts"].items() if r.n_passed}
-    assert {"always_equal", "int_subclass", "str_subclass", "list_subclass", "caller_frames"} <= set(legacy), legacy
-    legacy_ut = {n for n, r in hack_results["legacy_unittest"].items() if r.n_passed >= r.n_total - 1}
-    assert {"always_equal", "skip_test", "numpy_subclass"} <= legacy_ut, legacy_ut
+    # Why the split matters: with program and tests in one interpreter these fool the tests.
+    spawned = {n: r.n_passed for n, r in hack_results["spawn_asserts"].items() if r.n_passed}
+    assert {"always_equal", "int_subclass", "str_subclass", "list_subclass", "caller_frames"} <= set(spawned), spawned
+    spawned_ut = {n for n, r in hack_results["spawn_unittest"].items() if r.n_passed >= r.n_total - 1}
+    assert {"always_equal", "skip_test", "numpy_subclass"} <= spawned_ut, spawned_ut
 
 
 def test_failures_name_the_reason(hack_results):
@@ -281,7 +283,7 @@ def test_shadowing_builtins_or_modules_does_not_help():
     result = run_tests(program, tests)
     assert [t.status for t in result.tests] == ["failed", "failed"]
     assert sum(s.startswith("shadow:") for s in result.suspect) == 2, result.suspect
-    assert run_tests(program, tests, verdict="legacy").all_passed  # in one interpreter both pass
+    assert run_tests(program, tests, verdict="shared-spawn").all_passed  # in one interpreter both pass
     # An entry point that takes a builtin's name (MBPP 126 defines sum) is named by the caller.
     named = run_tests("def sum(a, b):\n    return a + b\n", ["assert sum(1, 2) == 3"], allow_shadowing=["sum"])
     assert named.all_passed and named.suspect == []

@@ -176,6 +176,7 @@ def _mkldnn_bf16_supported() -> bool:
 def build_projections(
     mods: list[nn.Module],
     dtype: torch.dtype,
+    *,
     adapter: str | None,
     pack_rows: int,
     routing: Routing | None = None,
@@ -184,7 +185,7 @@ def build_projections(
     """Projections that read the same input, in ``dtype``: fused into one when a copy is made anyway, prepacked for
     oneDNN when possible (``pack_rows``: the batch size to tune the packing for). ``routing``: add each row's own
     LoRA adapter on top of the base weights (``adapter`` is then ``BASE_ADAPTER``)."""
-    linears = _base_projections(mods, dtype, adapter, pack_rows, output_layer)
+    linears = _base_projections(mods, dtype, adapter=adapter, pack_rows=pack_rows, output_layer=output_layer)
     if routing is not None:
         groups = [[m] for m in mods] if len(linears) == len(mods) else [mods]
         for linear, group in zip(linears, groups):
@@ -223,7 +224,7 @@ _SNAPSHOTS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, list[Projection]]
 
 
 def _base_projections(
-    mods: list[nn.Module], dtype: torch.dtype, adapter: str | None, pack_rows: int, output_layer: bool = False
+    mods: list[nn.Module], dtype: torch.dtype, *, adapter: str | None, pack_rows: int, output_layer: bool = False
 ) -> list[Projection]:
     """The projections' weights (LoRA deltas of ``adapter`` folded in) in ``dtype``, fused/prepacked as above
     (``output_layer``: the vocabulary projection)."""

@@ -151,7 +151,14 @@ def fast_generate(
     # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.accel.shapes)
     input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
     prompt_len = input_ids.shape[1]
-    decoder = _make_decoder(model, batch, prompt_len + max_new_tokens, dtype, backend, adapter_names)
+    decoder = _make_decoder(
+        model,
+        batch=batch,
+        max_len=prompt_len + max_new_tokens,
+        dtype=dtype,
+        backend=backend,
+        adapter_names=adapter_names,
+    )
     # The generic path runs the model's forward: eval mode (no dropout) for the call. The Llama path only reads
     # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).
     generic, was_training = isinstance(decoder, _HFDecoder), model.training
@@ -159,7 +166,9 @@ def fast_generate(
         model.train(False)
     try:
         logits = decoder.prefill(input_ids, attention_mask)  # (B, V) fp32
-        sample = sample_fn or token_sampler(do_sample, temperature, top_k, top_p, generator)
+        sample = sample_fn or token_sampler(
+            do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
         seen = None
         if repetition_penalty != 1.0:  # (B, V): tokens of each row's real prompt
             seen = torch.zeros(logits.shape, device=device).scatter_add_(1, input_ids, attention_mask.float()) > 0
@@ -167,13 +176,13 @@ def fast_generate(
             decoder,
             logits,
             sample,
-            max_new_tokens,
-            eos_token_ids,
-            pad_token_id,
-            logprobs,
-            SamplerSettings(temperature, top_k, top_p) if do_sample else SamplerSettings(temperature),
-            seen,
-            repetition_penalty,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=pad_token_id,
+            logprobs=logprobs,
+            scoring=SamplerSettings(temperature, top_k, top_p) if do_sample else SamplerSettings(temperature),
+            seen=seen,
+            repetition_penalty=repetition_penalty,
         )
         return (ids, logp) if logprobs else ids
     finally:
@@ -183,6 +192,7 @@ def fast_generate(
 
 def sample_tokens(
     logits: torch.Tensor,
+    *,
     do_sample: bool = True,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -190,7 +200,7 @@ def sample_tokens(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Next tokens (B,) from fp32 logits (B, V) with HF ``generate``'s semantics (temperature -> top-k -> top-p)."""
-    return token_sampler(do_sample, temperature, top_k, top_p, generator)(logits)
+    return token_sampler(do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)(logits)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -201,6 +211,7 @@ def _decode_loop(
     decoder: _Decoder,
     logits: torch.Tensor,
     sample: Callable[[torch.Tensor], torch.Tensor],
+    *,
     max_new_tokens: int,
     eos_token_ids: list[int],
     pad_token_id: int,
@@ -265,6 +276,7 @@ def _has_extra_processors(gen_config: object | None) -> bool:
 
 def _make_decoder(
     model: nn.Module,
+    *,
     batch: int,
     max_len: int,
     dtype: torch.dtype | None,
@@ -277,9 +289,16 @@ def _make_decoder(
     if backend != "generic":
         try:
             if adapter_names is not None and set(adapter_names) != {BASE_ADAPTER}:  # base pass + per-row LoRA deltas
-                return LlamaDecoder(unwrap_peft(model), batch, max_len, dtype, BASE_ADAPTER, routed=adapter_names)
+                return LlamaDecoder(
+                    unwrap_peft(model),
+                    batch=batch,
+                    max_len=max_len,
+                    dtype=dtype,
+                    adapter=BASE_ADAPTER,
+                    routed=adapter_names,
+                )
             adapter = adapter_names[0] if adapter_names else None
-            return LlamaDecoder(unwrap_peft(model), batch, max_len, dtype, adapter)
+            return LlamaDecoder(unwrap_peft(model), batch=batch, max_len=max_len, dtype=dtype, adapter=adapter)
         except Unsupported as exc:
             if backend == "llama":
                 raise ValueError(f"the Llama fast path does not support this model: {exc}") from exc

@@ -99,6 +99,7 @@ class _HeadLogprobs(torch.autograd.Function):
 def head_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
+    *,
     bias: torch.Tensor | None,
     labels: torch.Tensor,
     dtype: torch.dtype | None = None,

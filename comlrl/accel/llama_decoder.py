@@ -90,6 +90,7 @@ class LlamaDecoder:
     def __init__(
         self,
         base: nn.Module,
+        *,
         batch: int,
         max_len: int,
         dtype: torch.dtype | None,
@@ -108,7 +109,9 @@ class LlamaDecoder:
         self.scaling = inner.layers[0].self_attn.scaling
         self.rotary = inner.rotary_emb
         self.embed = inner.embed_tokens.weight  # (V, H): rows are gathered then cast, no full copy
-        self.lm_head = build_projections([base.lm_head], self.dtype, adapter, batch, self.routing, output_layer=True)
+        self.lm_head = build_projections(
+            [base.lm_head], self.dtype, adapter=adapter, pack_rows=batch, routing=self.routing, output_layer=True
+        )
         self.norm_w = inner.norm.weight.to(self.dtype)
         self.norm_eps = inner.norm.variance_epsilon
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
@@ -128,13 +131,27 @@ class LlamaDecoder:
             ln1=ln1.weight.to(self.dtype),
             ln1_eps=ln1.variance_epsilon,
             qkv=build_projections(
-                [attn.q_proj, attn.k_proj, attn.v_proj], self.dtype, self.adapter, self.batch, self.routing
+                [attn.q_proj, attn.k_proj, attn.v_proj],
+                self.dtype,
+                adapter=self.adapter,
+                pack_rows=self.batch,
+                routing=self.routing,
             ),
-            o=build_projections([attn.o_proj], self.dtype, self.adapter, self.batch, self.routing),
+            o=build_projections(
+                [attn.o_proj], self.dtype, adapter=self.adapter, pack_rows=self.batch, routing=self.routing
+            ),
             ln2=ln2.weight.to(self.dtype),
             ln2_eps=ln2.variance_epsilon,
-            gate_up=build_projections([mlp.gate_proj, mlp.up_proj], self.dtype, self.adapter, self.batch, self.routing),
-            down=build_projections([mlp.down_proj], self.dtype, self.adapter, self.batch, self.routing),
+            gate_up=build_projections(
+                [mlp.gate_proj, mlp.up_proj],
+                self.dtype,
+                adapter=self.adapter,
+                pack_rows=self.batch,
+                routing=self.routing,
+            ),
+            down=build_projections(
+                [mlp.down_proj], self.dtype, adapter=self.adapter, pack_rows=self.batch, routing=self.routing
+            ),
             act=mlp.act_fn,
         )
 

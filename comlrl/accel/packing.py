@@ -11,6 +11,7 @@ from .llama_decoder import window_exceeded
 def shared_prompt_layout(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
+    *,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     position_ids: torch.Tensor,

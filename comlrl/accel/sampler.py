@@ -32,7 +32,7 @@ class SamplerSettings:
 
 
 def token_sampler(
-    do_sample: bool, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+    do_sample: bool, *, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function logits (B, V) fp32 -> tokens (B,); the warpers that are no-ops are left out entirely."""
     if not do_sample:
@@ -73,6 +73,7 @@ def sampler_logprobs(
 
 def completion_sampler_logprobs(
     logits_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,

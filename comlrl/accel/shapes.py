@@ -22,7 +22,7 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def pad_tokens(
-    ids: torch.Tensor, mask: torch.Tensor, left: bool, multiple: int = TOKENS, pad_id: int = 0, width: int = 0
+    ids: torch.Tensor, mask: torch.Tensor, *, left: bool, multiple: int = TOKENS, pad_id: int = 0, width: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of (B, T) widened to (B, round_up(max(T, width), multiple)) with masked ``pad_id`` columns on the
     left (``left``: prompts) or the right (completions)."""

@@ -35,7 +35,7 @@ FP32_NAMES = {"float32", "fp32", torch.float32}
 _logged: set[str] = set()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ReferenceHooks:
     """What the reference keywords leave for our loop to call or apply."""
 

@@ -279,7 +279,7 @@ class TrainConfig:
         "each token by min(p_train / p_vllm, vllm_importance_sampling_cap) with the log-probs vLLM sampled with "
         "(both under the repetition penalty, temperature, top-k and top-p: docs/vllm.md), "
         "truncated importance sampling per token as rollout_correction='tis' does. TRL's 'token_truncate' mode "
-        "(TRL's default mode is now 'sequence_mask'). False: no correction.",
+        "(TRL's default mode is 'sequence_mask'). False: no correction.",
     )
     vllm_importance_sampling_cap: float = help_field(
         3.0, "Upper bound of the per-token importance weight of vllm_importance_sampling_correction (TRL's default)."

@@ -103,7 +103,7 @@ def config_class(cls: type) -> type:
     A reference-style class (``reference_style = True``, :func:`comlrl.compat.configs.reference_style`) translates
     the reference library's field names first (:func:`comlrl.compat.fields.translate`) and keeps its reference-only
     fields to read back; any other class refuses them with the import path that takes them."""
-    cls = dataclass(cls)
+    cls = dataclass(cls, kw_only=True)
     init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]
     init_names = [f.name for f in dataclasses.fields(cls) if f.init]

@@ -58,7 +58,7 @@ class Sampling:
 
 
 def request_body(
-    fmt: str, prompt: str, n: int, sampling: Sampling, model: str | None = None, extra_body: dict | None = None
+    fmt: str, prompt: str, *, n: int, sampling: Sampling, model: str | None = None, extra_body: dict | None = None
 ) -> dict[str, Any]:
     """The JSON body asking ``fmt``'s endpoint for ``n`` answers to ``prompt`` (n must be 1 for a format without
     ``n``); ``extra_body`` is merged last (it overrides), and fields that are None are left out."""
@@ -175,7 +175,10 @@ class APIClient:
         answers: list[Answer] = []
         while len(answers) < n:
             ask = min(per_request, n - len(answers))
-            got = self.post(request_body(self.fmt, prompt, ask, sampling, self.model, self.extra_body), where)
+            got = self.post(
+                request_body(self.fmt, prompt, n=ask, sampling=sampling, model=self.model, extra_body=self.extra_body),
+                where,
+            )
             answers += got[:ask]
         return answers
 

@@ -63,7 +63,9 @@ def completion_logprobs(
     with training_forward(model):
         if parts is None:
             with _routed(names, slots):
-                logits = _completion_logits(model, ids, mask, position_ids, completion_ids.shape[1])
+                logits = _completion_logits(
+                    model, ids=ids, mask=mask, position_ids=position_ids, c=completion_ids.shape[1]
+                )
             logp = _scored(logits, completion_ids, completion_mask, temperature)
             if sampler is None:
                 return logp[:, :width]
@@ -71,17 +73,25 @@ def completion_logprobs(
                 detached = logits.detach()
                 sampled = completion_sampler_logprobs(
                     lambda r, c: detached[r, c],
-                    prompt_ids,
-                    prompt_mask,
-                    completion_ids,
-                    completion_mask,
-                    sampler,
-                    logits.shape[-1],
+                    prompt_ids=prompt_ids,
+                    prompt_mask=prompt_mask,
+                    completion_ids=completion_ids,
+                    completion_mask=completion_mask,
+                    settings=sampler,
+                    vocab=logits.shape[-1],
                 )
             return logp[:, :width], sampled[:, :width]
         decoder, head = parts
         states = _states_before_completion(
-            model, decoder, prompt_ids, prompt_mask, completion_ids, mask, position_ids, names, slots
+            model,
+            decoder,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            mask=mask,
+            position_ids=position_ids,
+            names=names,
+            slots=slots,
         )
     sampled = None
     if sampler is not None:
@@ -89,12 +99,12 @@ def completion_logprobs(
             hidden = states.detach()
             sampled = completion_sampler_logprobs(
                 lambda r, c: F.linear(hidden[r, c], head.weight, head.bias).float(),
-                prompt_ids,
-                prompt_mask,
-                completion_ids,
-                completion_mask,
-                sampler,
-                head.weight.shape[0],
+                prompt_ids=prompt_ids,
+                prompt_mask=prompt_mask,
+                completion_ids=completion_ids,
+                completion_mask=completion_mask,
+                settings=sampler,
+                vocab=head.weight.shape[0],
             )[:, :width]
     real = completion_mask.bool()
     states = states[real]  # (N, H): the state before each real completion token
@@ -104,13 +114,14 @@ def completion_logprobs(
     bias = head.bias
     if temperature != 1.0:  # logits / T == (h / T) W^T + b / T
         states, bias = states / temperature, None if bias is None else bias / temperature
-    logp[real] = head_logprobs(states, head.weight, bias, completion_ids[real], dtype=dtype).float()
+    logp[real] = head_logprobs(states, head.weight, bias=bias, labels=completion_ids[real], dtype=dtype).float()
     return logp[:, :width] if sampled is None else (logp[:, :width], sampled)
 
 
 def _states_before_completion(
     model: nn.Module,
     decoder: nn.Module,
+    *,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
@@ -132,12 +143,12 @@ def _states_before_completion(
         shared_prompt_layout(
             prompt_ids,
             prompt_mask,
-            completion_ids,
-            mask[:, prompt_ids.shape[1] :],
-            position_ids,
-            config,
-            slots,
-            blocked,
+            completion_ids=completion_ids,
+            completion_mask=mask[:, prompt_ids.shape[1] :],
+            position_ids=position_ids,
+            config=config,
+            groups=slots,
+            blocked=blocked,
         )
         if config is not None
         else None
@@ -232,6 +243,7 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
 
 def _logits_logprobs(
     model: PreTrainedModel,
+    *,
     ids: torch.Tensor,
     mask: torch.Tensor,
     position_ids: torch.Tensor,
@@ -240,7 +252,7 @@ def _logits_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """completion_logprobs through the model's own logits (the last C+1 positions only), 0 on padding."""
-    logits = _completion_logits(model, ids, mask, position_ids, completion_ids.shape[1])
+    logits = _completion_logits(model, ids=ids, mask=mask, position_ids=position_ids, c=completion_ids.shape[1])
     return _scored(logits, completion_ids, completion_mask, temperature)
 
 
@@ -254,7 +266,7 @@ def _scored(
 
 
 def _completion_logits(
-    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, c: int
+    model: PreTrainedModel, *, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, c: int
 ) -> torch.Tensor:
     """The model's own logits before each of the last ``c`` tokens (the last c+1 positions only): (B, c, V)."""
     with contiguous_head_input(model):

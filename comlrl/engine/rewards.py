@@ -93,7 +93,11 @@ def compute_rewards(
     kwargs = accepted_kwargs(reward_func, extras)
     if getattr(reward_func, "batched", False):
         raw, levels = _call(
-            reward_func, agent_completions, kwargs, n, f"reward_func (turn {turn}, rows {sorted(set(row_ids))})"
+            reward_func,
+            agent_completions,
+            kwargs=kwargs,
+            n=n,
+            where=f"reward_func (turn {turn}, rows {sorted(set(row_ids))})",
         )
     else:
         raw, levels = [], []
@@ -105,9 +109,9 @@ def compute_rewards(
             r, lv = _call(
                 reward_func,
                 [[c[j]] for c in agent_completions],
-                kw,
-                1,
-                f"reward_func (joint action {j}, dataset row {row_ids[j]}, turn {turn})",
+                kwargs=kw,
+                n=1,
+                where=f"reward_func (joint action {j}, dataset row {row_ids[j]}, turn {turn})",
             )
             raw += r
             levels += lv
@@ -121,7 +125,7 @@ def compute_rewards(
     return rewards, levels
 
 
-def _call(fn: Callable, completions: list[list[str]], kwargs: dict, n: int, where: str) -> tuple[list, list[dict]]:
+def _call(fn: Callable, completions: list[list[str]], *, kwargs: dict, n: int, where: str) -> tuple[list, list[dict]]:
     try:
         if hasattr(fn, "score"):
             scored = _check(fn.score(*completions, **kwargs), n, where)

@@ -363,7 +363,7 @@ def parse_command(line: str, agent: int, task: BlocksTask, palette: tuple[str, .
     return Command(agent, line, box, block)
 
 
-def read_commands(text: str, agent: int, task: BlocksTask, palette: tuple[str, ...], limit: int) -> list[Command]:
+def read_commands(text: str, agent: int, *, task: BlocksTask, palette: tuple[str, ...], limit: int) -> list[Command]:
     """Every command line of one agent's answer, checked; those after the first ``limit`` are rejected."""
     out = []
     for line in command_lines(text):
@@ -511,7 +511,7 @@ def judge(task: BlocksTask, replies: list[str]) -> BlocksJudgement:
     n = len(replies)
     palettes = palettes_for(task, n)
     limit = task.max_commands * (len(task.palettes) if n == 1 else 1)
-    per_agent = [read_commands(r, i, task, palettes[i], limit) for i, r in enumerate(replies)]
+    per_agent = [read_commands(r, i, task=task, palette=palettes[i], limit=limit) for i, r in enumerate(replies)]
     commands = [c for cs in per_agent for c in cs]
     grid, owner = build(commands)
     target = task.target

@@ -160,7 +160,7 @@ def plateau(r: float, lo: float, full_lo: float, full_hi: float, hi: float) -> t
     return 1.0, True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WritingTiers:
     """Thresholds of one writing reward (see the module docstring)."""
 
@@ -188,10 +188,10 @@ def score_writing(c1: str, c2: str, tiers: WritingTiers) -> dict[str, float]:
     """The published tiered reward of two whole texts (no task check), each level's fraction and the raw
     measures; the environments' reward is :func:`score_task`."""
     cats = transition_categories(c1 + "\n" + c2 if tiers.transitions_in_both else c2)
-    return _tiered(c1, c2, tiers, cats, (count_tokens(c1), count_tokens(c2)))
+    return _tiered(c1, c2, tiers=tiers, cats=cats, written=(count_tokens(c1), count_tokens(c2)))
 
 
-def _tiered(c1: str, c2: str, tiers: WritingTiers, cats: set[str], written: tuple[int, int]) -> dict[str, float]:
+def _tiered(c1: str, c2: str, *, tiers: WritingTiers, cats: set[str], written: tuple[int, int]) -> dict[str, float]:
     """The levels on ``c1``/``c2`` with the transition categories ``cats``; ``written``: the tokens each agent
     wrote (the structure's upper bound)."""
     out = {key: 0.0 for key in LEVELS}
@@ -241,7 +241,7 @@ def score_task(c1: str, c2: str, tiers: WritingTiers, context: TaskContext) -> d
     }
     # measured on the counted sentences' words (padding with spaces, punctuation or symbols adds nothing)
     words_1, words_2 = (" ".join(w for s in kept for w in tokens(s)) for kept in (s1, s2))
-    out = _tiered(words_1, words_2, tiers, cats, (count_tokens(c1), count_tokens(c2)))
+    out = _tiered(words_1, words_2, tiers=tiers, cats=cats, written=(count_tokens(c1), count_tokens(c2)))
     for i, (text, kept) in enumerate(((c1, s1), (c2, s2)), 1):
         total = sum(len(s) for s in split_sentences(text))
         out[f"metric/counted_{i}"] = sum(len(s) for s in kept) / total if total else 0.0

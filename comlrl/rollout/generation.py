@@ -132,12 +132,12 @@ class TransformersEngine:
         logits = torch.stack(out.logits, dim=1).float()  # (R, C, V) raw scores, before any processor
         logp = completion_sampler_logprobs(
             lambda r, c: logits[r, c],
-            batch.prompt_ids.to(device),
-            batch.prompt_mask.to(device),
-            ids,
-            torch.ones_like(ids),
-            sampler_settings(settings),
-            logits.shape[-1],
+            prompt_ids=batch.prompt_ids.to(device),
+            prompt_mask=batch.prompt_mask.to(device),
+            completion_ids=ids,
+            completion_mask=torch.ones_like(ids),
+            settings=sampler_settings(settings),
+            vocab=logits.shape[-1],
         )
         return Completions(ids.cpu(), logp.cpu())
 

@@ -100,7 +100,9 @@ class ServerEngine(SyncedEngine):
         versions = self.adapter_of_rows(len(prompts), batch.adapter_names)
         seeds = batch.row_seeds if settings.do_sample and batch.row_seeds is not None else [None] * len(prompts)
         bodies = [
-            completion_body(prompt, settings, batch.stop_ids, seed, versions[i].name if versions else self.base)
+            completion_body(
+                prompt, settings, stop_ids=batch.stop_ids, seed=seed, model=versions[i].name if versions else self.base
+            )
             for i, (prompt, seed) in enumerate(zip(prompts, seeds))
         ]
         with ThreadPoolExecutor(max_workers=min(32, max(len(bodies), 1))) as pool:
@@ -137,7 +139,7 @@ def adapter_root(options: VLLMOptions) -> str:
     return str(root)
 
 
-def completion_body(prompt: list[int], settings: Any, stop_ids: list[int], seed: int | None, model: str) -> dict:
+def completion_body(prompt: list[int], settings: Any, *, stop_ids: list[int], seed: int | None, model: str) -> dict:
     """The JSON body of one row's ``/v1/completions`` request: the rollout's sampling settings, by token ids."""
     body: dict[str, Any] = dict(
         model=model,

@@ -6,7 +6,7 @@ crosses between them, so a program cannot fake a passing test (``verdict="split"
 Public API::
 
     run_tests(program, tests, kind="asserts" | "unittest", setup="", limits=None, timeout=None,
-              verdict="split" | "strict" | "shared" | "legacy")
+              verdict="split" | "strict" | "shared" | "shared-spawn")
     run_many(jobs, max_workers=None, progress=False)
     network_isolation_available()
     isolation_mode()                 # "ns-root" | "ns-user" | "uid" | "plain"

@@ -388,7 +388,10 @@ def execute(
     ``zygote``: a started ``_zygote.Zygote`` to fork the run from; None starts a fresh interpreter."""
     start = time.monotonic()
     uid = UID_POOL.acquire() if mode in UID_MODES else None
-    view = zygote.view if zygote is not None else "legacy"
+    if zygote is not None:
+        view = zygote.view
+    else:  # a spawned run mounts the whole tree read-only in the namespace modes, as a zygote without its view
+        view = "full" if mode.startswith("ns-") else "none"
     workdir = "/sandbox" if view == "minimal" else tempfile.mkdtemp(prefix="comlrl-sandbox-")
     try:
         if uid is not None and view != "minimal":

@@ -17,7 +17,7 @@ from ._types import TEST_STATUSES, SandboxLimits, SandboxResult, TestOutcome
 from ._verdict import shared_reason, warn_shared_once
 
 KINDS = ("asserts", "unittest")
-VERDICTS = ("split", "strict", "shared", "legacy")
+VERDICTS = ("split", "strict", "shared", "shared-spawn")
 
 
 def _validate(program: Any, tests: Any, kind: Any, setup: Any, verdict: Any) -> None:
@@ -179,8 +179,10 @@ def run_tests(
     "strict" ("split" that never falls back: for tests written by a model, whose text must not
     choose the mode; a test that passes the program non-data fails with
     ``TestOutcome.shared_reason`` set), "shared" (program and tests in one interpreter), or
-    "legacy" ("shared" in a freshly started interpreter, without the warm zygote: how comlrl ran
-    before; kept for comparison).
+    "shared-spawn" (program and tests in one interpreter started for this run, the "spawn" launcher,
+    so without the warm zygote's seccomp filter, cgroup and file-system view: the least isolated
+    verdict, run beside "split" in tests/test_verdict.py to show which reward hacks an unisolated
+    verdict would pay for, and the baseline of ``benchmarks/bench_sandbox.py``).
     ``allow_shadowing``: names of the program's globals that the tests may use although they are
     a builtin's name (an entry point called ``sum``); any other such global stays hidden from the
     tests, which keep the builtin (a program must not redefine the ``abs`` a test compares with).
@@ -213,7 +215,7 @@ def run_tests(
 
 def _execute(job: dict, iso: Any, limits: SandboxLimits, wall: float, verdict: str) -> RawRun:
     netns = iso.netns and not limits.network
-    zygote = None if verdict == "legacy" else _zygote.zygote_for(iso.mode, netns)
+    zygote = None if verdict == "shared-spawn" else _zygote.zygote_for(iso.mode, netns)
     kwargs = dict(
         mode=iso.mode,
         netns=netns,

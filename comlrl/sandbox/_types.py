@@ -9,7 +9,7 @@ RUN_STATUSES = ("ok", "syntax_error", "program_error", "timeout", "crashed")
 TEST_STATUSES = ("passed", "failed", "error", "timeout")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SandboxLimits:
     """Resource limits for one sandboxed run."""
 

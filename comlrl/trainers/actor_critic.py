@@ -34,7 +34,9 @@ from ..parallel.placement import shard_bounds
 from ..rollout.episode import Episode, joint_indices
 from ..rollout.sampling import derive_seed
 from .base import MultiAgentTrainer
-from .build import build_optimizer, build_tokenizers
+from .build import Team, build_optimizer, build_tokenizers
+from .optim import OptimizerStep, optimizer_step
+from .update import PolicyUpdate
 
 
 @dataclass
@@ -66,6 +68,28 @@ class CriticBatch:
     targets: torch.Tensor  # (K, G) for V (one node, G targets) or (K, 1) for Q
 
 
+class ActorUpdate(PolicyUpdate):
+    """The actors' update of the actor-critic trainers (:class:`PolicyUpdate`): an actor whose value head trains in
+    its step (``shared_value_loss_coef``) steps together with that head."""
+
+    def _optimizer_step(self, agent: Any) -> OptimizerStep:
+        """The actor's optimizer step. A value head on its backbone with ``shared_value_loss_coef`` c first adds the
+        gradients of c x mean (V - target)^2 to the actor's and the head's, then both step: one update on actor loss
+        + c x value loss, as the reference library's shared critic."""
+        t = self.trainer
+        c = next((k for k, x in enumerate(t.critics) if x.actor_step_coef is not None and x.reads == agent.index), None)
+        if c is None:
+            return super()._optimizer_step(agent)
+        critic = t.critics[c]
+        critic.optimizer.zero_grad(set_to_none=True)
+        # value_loss is 0.5 x the squared error; the reference weighs the squared error itself by the coefficient
+        loss = t._value_backward(critic, [b[c] for b in t._critic_batches], 2.0 * critic.actor_step_coef)
+        t._joint_losses[critic.index] = loss
+        step = super()._optimizer_step(agent)
+        t._step_critic(critic, critic.model.trainable_parameters())
+        return step
+
+
 class ActorCriticTrainer(MultiAgentTrainer):
     """Shared machinery of IAC and MAAC. Extra arguments: ``critic`` (model source or object for the
     separate critic(s); default: ``critic_model`` or a copy of the actor's initial model) and ``critic_tokenizer``."""
@@ -76,6 +100,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     # Under torchrun, agent i's critic (IAC) lives on agent i's ranks, the centralized one (MAAC) on every rank; each
     # copy values and updates its shard of the rows (values exchanged, gradients summed).
     supports_distributed = True
+    update_class = ActorUpdate
 
     def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
         """``critic``: one model source for every critic, or (IAC) a list with one per agent."""
@@ -91,9 +116,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return 1 if self.centralized else self.num_agents
 
     # ------------------------------------------------------------------ construction
-    def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
+    def prepare_models(self, team: Team, models: list, peft_config: Any) -> None:
         """Build the critics' backbones from the actors' *initial* models (before any LoRA wrapping)."""
-        local = self.dist.local_agents if self.dist else list(range(len(models)))  # agent index of each model
+        local = team.local  # agent index of each model
         reads = [None] if self.centralized else local
         self.critics_spec = []
         for r in reads:
@@ -107,9 +132,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
                     raise ConfigError(f"critic= lists {len(src)} critics for {self.num_critics} critic(s).")
                 src = src[i]
             if src is None and i in local:
-                backbone, tok_src = copy_model(models[local.index(i)]), sources[local.index(i)]
+                backbone, tok_src = copy_model(models[local.index(i)]), team.sources[i]
             elif src is None:  # the centralized critic on a rank without agent 0: from agent 0's source
-                tok_src = self._team_sources[i]
+                tok_src = team.sources[i]
                 backbone = copy_model(tok_src) if hasattr(tok_src, "parameters") else load_model(tok_src)
                 if peft_config is not None and self.args.bf16:  # stored as the actors' bases are (and agent 0's is)
                     backbone = backbone.to(torch.bfloat16)
@@ -120,7 +145,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if tok is None:
                 tok = load_tokenizer(tok_src) if isinstance(tok_src, str) else None
             if tok is None and i not in local:  # the actor's tokenizer, as in one process
-                tok = build_tokenizers(self._tokenizer_source, self._team_sources, [i])[0]
+                tok = build_tokenizers(self._tokenizer_source, team.sources, [i])[0]
             if peft_config is not None:
                 with seeded(derive_seed(self.args.seed, "critic lora", i)):  # the same init on every rank
                     backbone = wrap_lora(backbone, copy.deepcopy(peft_config))
@@ -338,24 +363,6 @@ class ActorCriticTrainer(MultiAgentTrainer):
         self._critic_batches = []
         return {**metrics, **(self.dist.merge_metrics(critic_metrics) if self.dist else critic_metrics)}
 
-    def _optimizer_step(self, agent: Any) -> float:
-        """The actor's optimizer step. A value head on its backbone with ``shared_value_loss_coef`` c first adds the
-        gradients of c x mean (V - target)^2 to the actor's and the head's, then both step: one update on actor loss
-        + c x value loss, as the reference library's shared critic."""
-        c = next(
-            (k for k, x in enumerate(self.critics) if x.actor_step_coef is not None and x.reads == agent.index), None
-        )
-        if c is None:
-            return super()._optimizer_step(agent)
-        critic = self.critics[c]
-        critic.optimizer.zero_grad(set_to_none=True)
-        # value_loss is 0.5 x the squared error; the reference weighs the squared error itself by the coefficient
-        loss = self._value_backward(critic, [b[c] for b in self._critic_batches], 2.0 * critic.actor_step_coef)
-        self._joint_losses[critic.index] = loss
-        norm = super()._optimizer_step(agent)
-        self._step_critic(critic, critic.model.trainable_parameters())
-        return norm
-
     def _value_backward(self, critic: Critic, batches: list[CriticBatch], scale: float = 1.0) -> float:
         """Backward of ``scale`` x the MSE (optionally clipped) between V and the targets over this process's rows
         (the idle passes of a sharded critic included); returns the loss before ``scale``."""
@@ -397,15 +404,13 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return loss_sum
 
     def _step_critic(self, critic: Critic, params: list) -> None:
-        """Clip (``critic_max_grad_norm``) and apply the critic's gradients."""
-        whole = [p for p in params if not sharding.is_shard(p)]
-        if self.args.critic_max_grad_norm and len(whole) < len(params):
-            sharding.clip_grad_norm_(params, self.args.critic_max_grad_norm)
-        elif self.args.critic_max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, self.args.critic_max_grad_norm)
-        critic.optimizer.step()
-        critic.scheduler.step()
-        critic.optimizer.zero_grad(set_to_none=True)
+        """Clip (``critic_max_grad_norm``) and apply the critic's gradients, then its schedule."""
+        optimizer_step(
+            optimizer=critic.optimizer,
+            params=params,
+            max_grad_norm=self.args.critic_max_grad_norm,
+            scheduler=critic.scheduler,
+        )
 
 
 class IACTrainer(ActorCriticTrainer):

@@ -1,7 +1,8 @@
 """The one training loop of comlrl. A step reads: rollout -> rewards -> advantages -> loss -> optimizer step.
 
-Here: the team's construction, the loop, its rollouts, evaluation and saving; the update (loss and optimizer step)
-is :class:`comlrl.trainers.update.PolicyUpdate`, the metrics :mod:`comlrl.trainers.metrics`.
+Here: the loop, its rollouts, evaluation and saving; the team is built by :func:`comlrl.trainers.build.build_team`,
+the update (loss and optimizer step) is the trainer's ``update`` component (:class:`comlrl.trainers.update.PolicyUpdate`),
+the metrics :mod:`comlrl.trainers.metrics`.
 MAGRPO, MAREINFORCE, MARLOO and MAREMAX are this loop with a different baseline (``advantage_mode``).
 """
 
@@ -11,7 +12,6 @@ import copy
 import functools
 import inspect
 import json
-import logging
 import math
 import time
 from pathlib import Path
@@ -30,22 +30,12 @@ from ..compat.keywords import (
 )
 from ..configs.fields import own_field
 from ..configs.policy import MAGRPOConfig
-from ..engine.models import check_vocab, copy_model, disable_dropout
-from ..engine.process import (
-    default_bf16,
-    limit_heap_fragmentation,
-    native_bf16,
-    release_freed_memory,
-    resolve_device,
-    set_seed,
-)
-from ..engine.team import adapter_parameters, build_lora_team
+from ..engine.process import release_freed_memory, set_seed
 from ..errors import ConfigError
 from ..parallel import checkpoint, distributed, job, sharding
 from ..rollout.agent import Agent, apply_formatter
 from ..rollout.episode import (
     Episode,
-    check_transition,
     episode_advantages,
     formatted_transition,
     generate_team,
@@ -55,26 +45,14 @@ from ..rollout.episode import (
 from ..rollout.generation import VLLM, check_engine_available
 from ..rollout.protocol import AUTO, GenerationSettings, VLLMOptions
 from ..rollout.sampling import derive_seed
-from ..tracking import Tracker, fresh_output_dir
-from .build import (
-    build_formatters,
-    build_models,
-    build_optimizer,
-    build_tokenizers,
-    chat_flags,
-    check_batch_size,
-    resolve_agent_devices,
-    source_groups,
-    team_sources,
-)
-from .contributions import check_contributions, contribution_metrics, episode_contributions, untrained_agents
+from ..tracking import Tracker
+from .build import Team, build_formatters, build_team, check_batch_size, check_inputs, team_sources
+from .contributions import add_contributions, check_contributions, contribution_metrics
 from .metrics import episode_metrics, mean_metrics, merge_evaluation
 from .update import FrozenLogprobs, PolicyUpdate  # noqa: F401  (FrozenLogprobs re-exported)
 
-log = logging.getLogger(__name__)
 
-
-class MultiAgentTrainer(PolicyUpdate):
+class MultiAgentTrainer:
     """Trains a team of causal LMs on a shared team reward with a critic-free multi-agent policy gradient.
 
     Args:
@@ -92,6 +70,9 @@ class MultiAgentTrainer(PolicyUpdate):
         eval_reward_func: reward for evaluate() (default: reward_func).
         **reference_keywords: the reference library's trainer keywords (model_config, wandb_config, eval_logger,
             eval_aggregator, metrics_callback, dataset_type), see :mod:`comlrl.compat.keywords`.
+
+    Construction checks the arguments, builds the team (:func:`comlrl.trainers.build.build_team`) and holds the update
+    component ``update`` (an ``update_class``: :class:`comlrl.trainers.update.PolicyUpdate` here).
     """
 
     config_class = MAGRPOConfig
@@ -101,6 +82,7 @@ class MultiAgentTrainer(PolicyUpdate):
     fixed_advantage_mode: str | None = None
     supports_distributed = True  # torchrun placement / data parallelism (comlrl.parallel)
     supports_agent_devices = True  # args.agent_devices: each agent on its own device in one process
+    update_class: type = PolicyUpdate  # the update component the trainer holds as ``update``
 
     def __init__(
         self,
@@ -129,121 +111,52 @@ class MultiAgentTrainer(PolicyUpdate):
         ]
         self.hooks = reference_hooks(type(self).__name__, self.args, reference_keywords, ours)
         check_engine_available(self.rollout_engine)  # before any model loads: use_vllm without vLLM fails here
-        if model is not None and agent_model is not None and model is not agent_model:
-            raise ConfigError("model= and agent_model= are the same argument; pass only one.")
-        model = model if model is not None else agent_model
-        if num_agents is None and self.args.num_agents is not None:
-            num_agents = self.args.num_agents
-        elif num_agents is not None and self.args.num_agents not in (None, num_agents):
-            raise ConfigError(f"num_agents={num_agents} disagrees with args.num_agents={self.args.num_agents}.")
-        if self.needs_reward_func() and (reward_func is None or not callable(reward_func)):
-            raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
-        if self.args.num_turns > 1 and external_transition is None:
-            raise ConfigError(
-                f"num_turns={self.args.num_turns} needs external_transition= to build later turns' prompts."
-            )
-        if external_transition is not None:
-            check_transition(external_transition)
+        model, num_agents = check_inputs(
+            self.args,
+            model=model,
+            agent_model=agent_model,
+            num_agents=num_agents,
+            reward_func=reward_func,
+            reward_required=self.needs_reward_func(),
+            external_transition=external_transition,
+        )
         set_seed(self.args.seed)
         sources = team_sources(model, agents, num_agents, formatters)
         self.num_agents = len(sources)
-        if self.args.agent_devices is not None and not self.supports_agent_devices:
-            raise ConfigError(f"{type(self).__name__} does not take agent_devices yet; set device= for the team.")
-        # checked before torchrun's process group would wait for the other ranks
-        named_devices = resolve_agent_devices(self.args.agent_devices, self.num_agents, distributed.launched())
-        # Under torchrun (WORLD_SIZE > 1) this process holds only the agents placed on its rank; else None.
-        self.dist = job.setup(self.args, self.num_agents)
-        if self.dist is not None and not self.supports_distributed:
-            raise ConfigError(f"{type(self).__name__} does not run under torchrun yet; launch it as one process.")
-        plan = sharding.sharding_plan(self.args.fsdp, self.args.fsdp_config)
-        if plan is not None and self.dist is None:
-            log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", self.args.fsdp)
-        if plan is not None and plan.activation_checkpointing:
-            self.args.gradient_checkpointing = True
-        self.output_dir_named = self.args.output_dir is not None
-        if not self.output_dir_named:  # one fresh folder per run, the same on every rank
-            name = type(self).__name__.removesuffix("Trainer").lower()
-            self.args.output_dir = distributed.run_once(fresh_output_dir, name)
-            log.info("output_dir not set: this run writes to %s", self.args.output_dir)
-        self.device = self.dist.device if self.dist else resolve_device(self.args.device)
-        # agent index -> the device of its model, optimizer state, reference and critic (agent_devices, else device)
-        self.agent_devices = named_devices or [self.device] * self.num_agents
-        used = list(dict.fromkeys(self.agent_devices))  # the devices that hold models, in agent order
-        if self.args.bf16 is None:
-            self.args.bf16 = all(default_bf16(d) for d in used)
-            names, native = ", ".join(map(str, used)), ", ".join(str(native_bf16(d)) for d in used)
-            log.info("bf16=None -> %s on %s (native bf16: %s)", self.args.bf16, names, native)
-        elif self.args.bf16 and not all(native_bf16(d) for d in used):
-            log.warning(
-                "bf16=True on %s, which has no native bf16: its matmuls are emulated, often many times slower "
-                "than fp32 (bf16=None picks the faster)",
-                ", ".join(str(d) for d in used if not native_bf16(d)),
-            )
-        if any(d.type == "cpu" for d in used):
-            limit_heap_fragmentation(self.args.malloc_mmap_threshold_kb)
         if getattr(self.args, "_reference_style", False):  # called as the reference calls it (its prompts=)
             reward_func, eval_reward_func = (
                 f if f is None else reference_reward(f) for f in (reward_func, eval_reward_func)
             )
         self.reward_func, self.reward_processor = reward_func, reward_processor
         self.eval_reward_func = eval_reward_func or reward_func
-        self.external_transition = external_transition
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        share = peft_config is not None and self.args.share_base
-        local = self.dist.local_agents if self.dist else list(range(self.num_agents))  # agents whose weights live here
-        local_sources = [sources[i] for i in local]
-        local_devices = [self.agent_devices[i] for i in local]
-        models = build_models(local_sources, share=share, devices=local_devices)
-        if peft_config is not None and self.args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
-            models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
-        tokenizers = build_tokenizers(tokenizer, sources, local)
-        for tok in tokenizers if self.hooks.special_tokens else ():  # the reference's model_config special_tokens
-            tok.add_special_tokens(self.hooks.special_tokens)
-        # one tokenizer object given for the whole team: a vocabulary mismatch asks for one per agent
-        shared_by = self.num_agents if tokenizer is not None and not isinstance(tokenizer, (list, tuple)) else 1
         # every agent's formatter, also those on other ranks: prompts are built for the whole team
-        self.formatters = formatters = build_formatters(formatters, self.num_agents)
+        self.formatters = build_formatters(formatters, self.num_agents)
+        self.external_transition = external_transition
         if external_transition is not None and self.args.format_transition_prompts:
-            self.external_transition = formatted_transition(external_transition, formatters)
-        chats = chat_flags(self.args.apply_chat_template, self.num_agents)
-        groups = source_groups(local_sources, local_devices) if share else list(range(len(local)))
-        self._team_sources, self._tokenizer_source = sources, tokenizer  # every agent's, also those on other ranks
-        self.prepare_models(local_sources, models, peft_config)
-        # an adapter's init does not depend on placement
-        lora_seeds = [derive_seed(self.args.seed, "lora", i) for i in local]
-        wrapped = (
-            build_lora_team(models, groups, peft_config, local, lora_seeds)
-            if peft_config is not None
-            else [(m, None) for m in models]
-        )
-        self.agents = []
-        for i, (m, adapter), tok in zip(local, wrapped, tokenizers):
-            fmt, chat = formatters[i], chats[i]
-            check_vocab(m, tok, i, shared_by)
-            if self.args.gradient_checkpointing and not getattr(m, "_comlrl_checkpointing", False):
-                m._comlrl_checkpointing = True
-                # transformers >= 5.x names it activation checkpointing (the old name warns); PEFT forwards both
-                enable = getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable
-                enable()
-                m.config.use_cache = False
-                if adapter is not None:
-                    m.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grad inputs
-            m.to(self.agent_devices[i])
-            if self.args.disable_dropout:
-                disable_dropout(m)
-            self.agents.append(Agent(i, m, tok, fmt, chat, adapter=adapter, params=adapter_parameters(m, adapter)))
-        self._check_dataset(train_dataset, "train_dataset")
+            self.external_transition = formatted_transition(external_transition, self.formatters)
+        self._check_dataset(train_dataset, "train_dataset")  # before any model loads
         if train_dataset is not None:
             check_batch_size(len(train_dataset), self.rows_per_rollout)
         self.total_steps = math.ceil(self._epoch_rollouts() / self.args.gradient_accumulation_steps)  # optimizer steps
-        updates = self.total_steps * own_field(self.args, "num_iterations", 1)  # optimizer updates of the run
-        for a in self.agents:
-            if self.needs_reference() and a.adapter is None:
-                a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
-        if self.dist is not None:  # with fsdp: agents on several ranks are sharded over them (params replaced)
-            self.dist.shard_agents(self.agents, bool(self.args.bf16))
-        for a in self.agents:
-            a.optimizer, a.scheduler = build_optimizer(a.params, self.args, self.args.learning_rate, updates)
+        self._team_sources, self._tokenizer_source = sources, tokenizer  # every agent's, also those on other ranks
+        team = build_team(
+            self.args,
+            sources=sources,
+            formatters=self.formatters,
+            tokenizer=tokenizer,
+            peft_config=peft_config,
+            updates=self.total_steps * own_field(self.args, "num_iterations", 1),  # optimizer updates of the run
+            reference=self.needs_reference(),
+            trainer=type(self).__name__,
+            distributed_ok=self.supports_distributed,
+            agent_devices_ok=self.supports_agent_devices,
+            special_tokens=self.hooks.special_tokens,
+            prepare_models=self.prepare_models,
+        )
+        self.agents, self.dist, self.device = team.agents, team.dist, team.device
+        self.agent_devices, self.output_dir_named = team.agent_devices, team.output_dir_named
+        self.update = self.update_class(self)
         # step: optimizer steps taken (TRL's global step); rollouts: rollout batches sampled
         self.state = {"step": 0, "rollouts": 0, "epoch": 0, "batch_in_epoch": 0}
         self.history: list[dict] = []
@@ -254,8 +167,9 @@ class MultiAgentTrainer(PolicyUpdate):
             self.args.disable_tqdm = True  # one progress bar per job (this trainer's copy of the args)
 
     # ------------------------------------------------------------------ setup helpers
-    def prepare_models(self, sources: list, models: list, peft_config: Any) -> None:
-        """Hook: called with the loaded models before LoRA wrapping (critics copy their bases here)."""
+    def prepare_models(self, team: Team, models: list, peft_config: Any) -> None:
+        """Hook: called with the placed team (no agents yet) and its loaded models before LoRA wrapping (critics copy
+        their bases here)."""
 
     def needs_reward_func(self) -> bool:
         """Whether the trainer scores rollouts, so that ``reward_func`` is required."""
@@ -508,6 +422,10 @@ class MultiAgentTrainer(PolicyUpdate):
         metrics["time/update"] = time.perf_counter() - start
         return metrics
 
+    def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
+        """The step's update over its buffered rollouts and their advantages: ``self.update``'s."""
+        return self.update.optimize(buffer)
+
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
         """advantages[agent][turn] for one rollout: the baseline of ``advantage_mode`` over sibling returns."""
         a = self.args
@@ -625,7 +543,7 @@ class MultiAgentTrainer(PolicyUpdate):
                     }
                 )
             if contributions:
-                self._add_contributions(ep, settings, g, seed, samples_out[-len(first.nodes) :])
+                add_contributions(self, ep, settings, g, seed, samples_out[-len(first.nodes) :])
         self.last_eval_samples = samples_out
         self.last_eval_episodes = episodes  # every sample, reward and level of the evaluation (comlrl.compare)
         extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), self.args.num_turns)
@@ -634,26 +552,6 @@ class MultiAgentTrainer(PolicyUpdate):
         if contributions:
             extras.update(contribution_metrics([s["contribution"] for s in samples_out]))
         return {**self._merge_evaluation(episodes), **extras}
-
-    def _add_contributions(
-        self, episode: Episode, settings: GenerationSettings, g: int, seed: int, samples: list[dict]
-    ) -> None:
-        """Each agent's contribution on the episode's rows (``samples``: their evaluation samples, in node order):
-        a sample gets ``contribution`` and the untrained team's first answers, ``untrained_completions``."""
-        drops, untrained = episode_contributions(
-            episode,
-            untrained_agents(self),
-            reward_func=self.eval_reward_func,
-            num_generations=g,
-            settings=settings,
-            joint_mode=own_field(self.args, "joint_mode", "align"),
-            reward_processor=self.reward_processor,
-            autocast_dtype=self.rollout_dtype,
-            seed=seed,
-        )
-        for m, (sample, drop) in enumerate(zip(samples, drops)):
-            sample["contribution"] = drop
-            sample["untrained_completions"] = [s.texts[m * g] for s in untrained]
 
     def _merge_evaluation(self, episodes: list[Episode]) -> dict[str, float]:
         return merge_evaluation(episodes, [self.episode_metrics(ep, prefix="eval/") for ep in episodes])

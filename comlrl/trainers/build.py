@@ -1,19 +1,26 @@
-"""Building a team: one model, tokenizer, formatter and optimizer per agent (:class:`~comlrl.rollout.agent.Agent`), with
-input checks."""
+"""Building a team: where each agent lives, and one model, tokenizer, formatter and optimizer per agent
+(:class:`~comlrl.rollout.agent.Agent`), with input checks. :func:`build_team` is the trainer's construction."""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
-from ..engine.models import copy_model, load_model, load_tokenizer
+from ..engine.models import check_vocab, copy_model, disable_dropout, load_model, load_tokenizer
+from ..engine.process import default_bf16, limit_heap_fragmentation, native_bf16, resolve_device
+from ..engine.team import adapter_parameters, build_lora_team
 from ..errors import ConfigError, FormatterError
+from ..parallel import distributed, job, sharding
 from ..parallel.sharding import is_shard
-from ..rollout.agent import Formatter
+from ..rollout.agent import Agent, Formatter
+from ..rollout.episode import check_transition
+from ..rollout.sampling import derive_seed
+from ..tracking import fresh_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,31 @@ def team_sources(model: Any, agents: Sequence | None, num_agents: int | None, fo
     if n < 1:
         raise ConfigError(f"num_agents={n}: a team needs at least one agent.")
     return list(agents) if agents is not None else [model] * n
+
+
+def check_inputs(
+    args: Any,
+    *,
+    model: Any,
+    agent_model: Any,
+    num_agents: int | None,
+    reward_func: Any,
+    reward_required: bool,
+    external_transition: Callable | None,
+) -> tuple[Any, int | None]:
+    """The model source and team size given (``model`` / ``agent_model``, ``num_agents`` / ``args.num_agents``),
+    checked with the reward (``reward_required``: the trainer scores rollouts) and the multi-turn transition."""
+    if model is not None and agent_model is not None and model is not agent_model:
+        raise ConfigError("model= and agent_model= are the same argument; pass only one.")
+    if num_agents is not None and args.num_agents not in (None, num_agents):
+        raise ConfigError(f"num_agents={num_agents} disagrees with args.num_agents={args.num_agents}.")
+    if reward_required and (reward_func is None or not callable(reward_func)):
+        raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
+    if args.num_turns > 1 and external_transition is None:
+        raise ConfigError(f"num_turns={args.num_turns} needs external_transition= to build later turns' prompts.")
+    if external_transition is not None:
+        check_transition(external_transition)
+    return (model if model is not None else agent_model), (num_agents if num_agents is not None else args.num_agents)
 
 
 def source_groups(sources: list, devices: Sequence[Any] | None = None) -> list[int]:
@@ -192,3 +224,136 @@ def _fused_ok(params: list) -> bool:
         and next(iter(devices)).type in ("cpu", "cuda")
         and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
     )
+
+
+@dataclass
+class Team:
+    """A trainer's team: where every agent lives and this process's agents (each with its model, tokenizer,
+    formatter, optimizer and schedule, :class:`~comlrl.rollout.agent.Agent`)."""
+
+    sources: list  # every agent's model source, also those on other ranks
+    dist: Any  # comlrl.parallel.job.DistTeam under torchrun (WORLD_SIZE > 1), else None
+    device: torch.device  # the trainer's device
+    agent_devices: list[torch.device]  # agent index -> the device of its model, optimizer state, reference and critic
+    output_dir_named: bool  # whether the config named output_dir (else a fresh folder was picked)
+    agents: list[Agent] = field(default_factory=list)  # this process's agents, in agent order
+
+    @property
+    def local(self) -> list[int]:
+        """The indices of the agents whose weights live in this process (every agent outside torchrun)."""
+        return self.dist.local_agents if self.dist else list(range(len(self.sources)))
+
+
+def build_team(
+    args: Any,
+    *,
+    sources: list,
+    formatters: list[Formatter],
+    tokenizer: Any,
+    peft_config: Any,
+    updates: int,
+    reference: bool,
+    trainer: str,
+    distributed_ok: bool = True,
+    agent_devices_ok: bool = True,
+    special_tokens: dict | None = None,
+    prepare_models: Callable[[Team, list, Any], None] | None = None,
+) -> Team:
+    """Place the team (torchrun's ranks, ``agent_devices``), load this process's models and tokenizers, wrap them in
+    LoRA adapters (``peft_config``), and give each agent a frozen reference (``reference``, unless it is an adapter)
+    and an optimizer with its schedule over ``updates`` optimizer steps.
+
+    ``args`` is the trainer's own copy of its config: its defaults that depend on the placement are resolved in place
+    (``bf16``, ``output_dir``, ``gradient_checkpointing`` under an activation-checkpointing FSDP plan).
+    ``trainer``: the trainer's class name, for errors and the fresh output folder. ``prepare_models``: called with the
+    placed team (no agents yet), the loaded models and ``peft_config`` before any LoRA wrapping.
+    """
+    n = len(sources)
+    if args.agent_devices is not None and not agent_devices_ok:
+        raise ConfigError(f"{trainer} does not take agent_devices yet; set device= for the team.")
+    # checked before torchrun's process group would wait for the other ranks
+    named_devices = resolve_agent_devices(args.agent_devices, n, distributed.launched())
+    dist = job.setup(args, n)  # None outside torchrun; else this rank holds only the agents placed on it
+    if dist is not None and not distributed_ok:
+        raise ConfigError(f"{trainer} does not run under torchrun yet; launch it as one process.")
+    plan = sharding.sharding_plan(args.fsdp, args.fsdp_config)
+    if plan is not None and dist is None:
+        log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", args.fsdp)
+    if plan is not None and plan.activation_checkpointing:
+        args.gradient_checkpointing = True
+    named = args.output_dir is not None
+    if not named:  # one fresh folder per run, the same on every rank
+        args.output_dir = distributed.run_once(fresh_output_dir, trainer.removesuffix("Trainer").lower())
+        log.info("output_dir not set: this run writes to %s", args.output_dir)
+    device = dist.device if dist else resolve_device(args.device)
+    team = Team(sources, dist, device, named_devices or [device] * n, named)
+    used = list(dict.fromkeys(team.agent_devices))  # the devices that hold models, in agent order
+    resolve_bf16(args, used)
+    if any(d.type == "cpu" for d in used):
+        limit_heap_fragmentation(args.malloc_mmap_threshold_kb)
+    local = team.local
+    local_sources = [sources[i] for i in local]
+    local_devices = [team.agent_devices[i] for i in local]
+    share = peft_config is not None and args.share_base
+    models = build_models(local_sources, share=share, devices=local_devices)
+    if peft_config is not None and args.bf16:  # a frozen LoRA base is only ever read in bf16: store it so
+        models = [m.to(torch.bfloat16) for m in models]  # (half the memory, no casts per forward); adapters fp32
+    tokenizers = build_tokenizers(tokenizer, sources, local)
+    for tok in tokenizers if special_tokens else ():  # the reference's model_config special_tokens
+        tok.add_special_tokens(special_tokens)
+    # one tokenizer object given for the whole team: a vocabulary mismatch asks for one per agent
+    shared_by = n if tokenizer is not None and not isinstance(tokenizer, (list, tuple)) else 1
+    chats = chat_flags(args.apply_chat_template, n)
+    groups = source_groups(local_sources, local_devices) if share else list(range(len(local)))
+    if prepare_models is not None:
+        prepare_models(team, models, peft_config)
+    lora_seeds = [derive_seed(args.seed, "lora", i) for i in local]  # an adapter's init does not depend on placement
+    wrapped = (
+        build_lora_team(models, groups, peft_config, local, lora_seeds)
+        if peft_config is not None
+        else [(m, None) for m in models]
+    )
+    for i, (m, adapter), tok in zip(local, wrapped, tokenizers):
+        check_vocab(m, tok, i, shared_by)
+        prepare_for_training(m, adapter, args)
+        m.to(team.agent_devices[i])
+        if args.disable_dropout:
+            disable_dropout(m)
+        agent = Agent(i, m, tok, formatters[i], chats[i], adapter=adapter, params=adapter_parameters(m, adapter))
+        team.agents.append(agent)
+    for a in team.agents:
+        if reference and a.adapter is None:
+            a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
+    if dist is not None:  # with fsdp: agents on several ranks are sharded over them (params replaced)
+        dist.shard_agents(team.agents, bool(args.bf16))
+    for a in team.agents:
+        a.optimizer, a.scheduler = build_optimizer(a.params, args, args.learning_rate, updates)
+    return team
+
+
+def resolve_bf16(args: Any, devices: list[torch.device]) -> None:
+    """``bf16=None``: bf16 when every device that holds a model computes it fast; ``bf16=True`` on a device without
+    native bf16 warns (its matmuls are emulated)."""
+    if args.bf16 is None:
+        args.bf16 = all(default_bf16(d) for d in devices)
+        names, native = ", ".join(map(str, devices)), ", ".join(str(native_bf16(d)) for d in devices)
+        log.info("bf16=None -> %s on %s (native bf16: %s)", args.bf16, names, native)
+    elif args.bf16 and not all(native_bf16(d) for d in devices):
+        log.warning(
+            "bf16=True on %s, which has no native bf16: its matmuls are emulated, often many times slower "
+            "than fp32 (bf16=None picks the faster)",
+            ", ".join(str(d) for d in devices if not native_bf16(d)),
+        )
+
+
+def prepare_for_training(model: Any, adapter: str | None, args: Any) -> None:
+    """Gradient checkpointing when ``args.gradient_checkpointing`` (once per model: LoRA agents share a base)."""
+    if not args.gradient_checkpointing or getattr(model, "_comlrl_checkpointing", False):
+        return
+    model._comlrl_checkpointing = True
+    # transformers >= 5.x names it activation checkpointing (the old name warns); PEFT forwards both
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    model.config.use_cache = False
+    if adapter is not None:
+        model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grad inputs

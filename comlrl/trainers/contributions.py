@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..algorithms.bootstrap import bootstrap_mean
+from ..configs.fields import own_field
 from ..engine.models import copy_model, load_model
 from ..engine.team import BASE_ADAPTER
 from ..errors import ConfigError
@@ -56,6 +57,27 @@ def check_contributions(trainer: Any) -> None:
         why = "vLLM rollouts hold no untrained copy of the agents' models; set use_vllm=False for this evaluation"
     if why:
         raise ConfigError(f"eval_contributions / evaluate(contributions=True): {why}.")
+
+
+def add_contributions(
+    trainer: Any, episode: Episode, settings: GenerationSettings, g: int, seed: int, samples: list[dict]
+) -> None:
+    """Each agent's contribution on an evaluation episode's rows (``samples``: their evaluation samples, in node
+    order): a sample gets ``contribution`` and the untrained team's first answers, ``untrained_completions``."""
+    drops, untrained = episode_contributions(
+        episode,
+        untrained_agents(trainer),
+        reward_func=trainer.eval_reward_func,
+        num_generations=g,
+        settings=settings,
+        joint_mode=own_field(trainer.args, "joint_mode", "align"),
+        reward_processor=trainer.reward_processor,
+        autocast_dtype=trainer.rollout_dtype,
+        seed=seed,
+    )
+    for m, (sample, drop) in enumerate(zip(samples, drops)):
+        sample["contribution"] = drop
+        sample["untrained_completions"] = [s.texts[m * g] for s in untrained]
 
 
 def untrained_agents(trainer: Any) -> list[Agent]:

@@ -34,14 +34,11 @@ from ..algorithms.preference import (
     agent_margins,
     replay_sample,
     replay_weights,
-    sequence_logps,
     team_dpo_loss,
 )
 from ..configs.preference import MADPOConfig
 from ..engine.api_client import Answer, Sampling
-from ..engine.logprobs import completion_logprobs
 from ..engine.models import load_model, load_tokenizer
-from ..engine.team import active_adapter, reference_mode
 from ..errors import CentralizedComparatorParseError, ConfigError
 from ..rollout.agent import Agent
 from ..rollout.episode import Episode, Node, generate_team, root_nodes, run_episode
@@ -57,6 +54,7 @@ from .comparator import (
     split_roles,
     swapped_parameters,
 )
+from .dpo_update import DPOUpdate
 from .pairs import (
     PAIRS_DIR,
     ROUNDS_FILE,
@@ -67,7 +65,6 @@ from .pairs import (
     eval_mode,
     iteration_path,
     pair_metrics,
-    pair_tensors,
     read_iteration,
     read_jsonl,
     shard_path,
@@ -98,6 +95,7 @@ class MADPOTrainer(MultiAgentTrainer):
     accepted_config = MADPOConfig
     supports_distributed = False
     supports_agent_devices = False  # its pair batches and comparator live on the trainer device
+    update_class = DPOUpdate
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pairs_by_round: dict[int, list[dict]] = {}  # online: round -> its pairs
@@ -213,7 +211,7 @@ class MADPOTrainer(MultiAgentTrainer):
         if not self.online:  # the epochs' last step takes the micro-batches left over
             micro = micro[: max(1, self.total_rollouts - first)]
         start = time.perf_counter()
-        metrics.update(self.optimize_pairs(micro))
+        metrics.update(self.update.optimize(micro))
         metrics["time/update"] = time.perf_counter() - start
         return metrics
 
@@ -464,51 +462,6 @@ class MADPOTrainer(MultiAgentTrainer):
         with swapped_parameters(self.agents, self._snapshots[r]):
             yield
 
-    # ------------------------------------------------------------------ the update
-    def optimize_pairs(self, micro: list[list[tuple[dict, float]]]) -> dict[str, float]:
-        """One optimizer step per agent over the micro-batches: each agent's gradient of the team DPO loss through
-        its own log-ratio term (the other agents' terms enter as values)."""
-        a = self.args
-        for agent in self.agents:
-            if not agent.model.training:
-                agent.model.train()
-            agent.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, torch.Tensor] = {}
-        count = 0
-        for batch in micro:
-            records = [p for p, _ in batch]
-            weights = torch.tensor([w for _, w in batch])
-            tensors = [self._pair_tensors(agent, records) for agent in self.agents]
-            ref_c, ref_r = self._reference_logps(records, tensors)
-            with torch.no_grad():
-                values = torch.stack([self._sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])  # (N, 2B)
-            b = len(records)
-            for i, (agent, t) in enumerate(zip(self.agents, tensors)):
-                # forward and backward with the agent's adapter active: PEFT freezes the inactive adapters
-                with active_adapter(agent.model, agent.adapter):
-                    live = torch.cat([values[:i], self._sequence_logps(agent, t, grad=True)[None], values[i + 1 :]])
-                    loss, m = team_dpo_loss(
-                        live[:, :b],
-                        live[:, b:],
-                        ref_c,
-                        ref_r,
-                        a.beta,
-                        a.loss_type,
-                        a.label_smoothing,
-                        a.reference_free,
-                        weights,
-                    )
-                    (loss / len(micro)).backward()
-            add_pair_sums(sums, m, values, b)
-            count += b
-        metrics = pair_metrics(sums, count, a.beta)
-        metrics["pairs/trained"] = float(count)
-        for agent in self.agents:
-            pre = f"agent/{agent.index}/"
-            metrics[pre + "grad_norm"] = self._optimizer_step(agent)
-            metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
-        return metrics
-
     @torch.no_grad()
     def evaluate_pairs(self, dataset: Any, max_rows: int | None = None) -> dict[str, float]:
         """The team's implied preference on labelled pairs (a dataset with the chosen / rejected columns): ``eval/``
@@ -525,9 +478,9 @@ class MADPOTrainer(MultiAgentTrainer):
         samples = []
         for lo in range(0, len(records), a.per_device_eval_batch_size):
             batch = records[lo : lo + a.per_device_eval_batch_size]
-            tensors = [self._pair_tensors(agent, batch) for agent in self.agents]
-            ref_c, ref_r = self._reference_logps(batch, tensors)
-            values = torch.stack([self._sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])
+            tensors = [self.update.pair_tensors(agent, batch) for agent in self.agents]
+            ref_c, ref_r = self.update.reference_logps(batch, tensors)
+            values = torch.stack([self.update.sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])
             b = len(batch)
             _, m = team_dpo_loss(
                 values[:, :b], values[:, b:], ref_c, ref_r, a.beta, a.loss_type, a.label_smoothing, a.reference_free
@@ -556,43 +509,3 @@ class MADPOTrainer(MultiAgentTrainer):
         if {self.args.chosen_column, self.args.rejected_column} <= columns:
             return self.evaluate_pairs(dataset, kwargs.get("max_rows"))
         return super().evaluate(eval_dataset, *args, **kwargs)
-
-    def _pair_tensors(self, agent: Agent, records: list[dict]) -> list[torch.Tensor]:
-        """(prompt ids, prompt mask, completion ids, completion mask) of the agent's chosen answers, then its
-        rejected ones: 2B rows, prompts left-padded, completions right-padded."""
-        return [x.to(self.device) for x in pair_tensors(agent, records)]
-
-    def _sequence_logps(self, agent: Agent, tensors: list[torch.Tensor], grad: bool = False) -> torch.Tensor:
-        """(2B,) log-probs of the rows' completions under the agent's current policy, reduced as ``loss_type``
-        reads them (:func:`sequence_logps`: summed, or averaged per token for IPO)."""
-        ctx = contextlib.nullcontext() if grad else torch.no_grad()
-        with ctx, active_adapter(agent.model, agent.adapter), self.autocast():
-            tokens = completion_logprobs(agent.model, *tensors)
-            return sequence_logps(tokens, tensors[3], self.args.loss_type)
-
-    def _reference_logps(
-        self, records: list[dict], tensors: list[list[torch.Tensor]]
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(N, B) reference log-probs of the chosen and rejected answers (reduced as :meth:`_sequence_logps`),
-        computed once per pair without dropout (eval mode when dropout is on; else the train-mode forward the policy
-        uses) and kept in it."""
-        if self.args.reference_free:
-            return None, None
-        missing = [k for k, r in enumerate(records) if "ref_chosen" not in r]
-        if missing:
-            for agent, t in zip(self.agents, tensors):
-                model = agent.model if agent.adapter is not None else agent.ref_model
-                ctx = reference_mode(agent.model) if agent.adapter is not None else contextlib.nullcontext()
-                # Dropout on: the reference is the model without it (eval mode). Dropout off: the same math in
-                # either mode, and the train-mode forward is the one the policy's log-probs come from.
-                quiet = eval_mode([model]) if not self.args.disable_dropout else contextlib.nullcontext()
-                with torch.no_grad(), quiet, ctx, self.autocast():
-                    logps = sequence_logps(completion_logprobs(model, *t), t[3], self.args.loss_type).tolist()
-                b = len(records)
-                for k in missing:
-                    r = records[k]
-                    r.setdefault("ref_chosen", [0.0] * self.num_agents)[agent.index] = logps[k]
-                    r.setdefault("ref_rejected", [0.0] * self.num_agents)[agent.index] = logps[b + k]
-        ref_c = torch.tensor([r["ref_chosen"] for r in records]).T.to(self.device)
-        ref_r = torch.tensor([r["ref_rejected"] for r in records]).T.to(self.device)
-        return ref_c, ref_r

@@ -13,6 +13,7 @@ from ..algorithms.preference import bradley_terry_loss, pair_accuracy
 from ..engine.reward_model import JointRewardModel, pair_scores, score_pairs
 from ..engine.reward_pairs import check_pairs
 from ..errors import ConfigError
+from .optim import optimizer_step
 
 
 def train_reward_model(
@@ -52,6 +53,7 @@ def train_reward_model(
     if not params:
         raise ConfigError("the reward model has no trainable parameters (all requires_grad=False).")
     opt = torch.optim.AdamW(params, lr=learning_rate)
+    opt.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(pairs) / batch_size)
     bar = tqdm(total=epochs * steps_per_epoch, desc="reward model", disable=disable_tqdm, leave=False)
@@ -65,18 +67,14 @@ def train_reward_model(
                 batch = [pairs[k] for k in order[lo : lo + batch_size]]
                 chosen, rejected = pair_scores(model, tokenizer, batch, n_agents, max_length)
                 loss = bradley_terry_loss(chosen, rejected)
-                opt.zero_grad(set_to_none=True)
                 loss.backward()
-                if max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                opt.step()
+                optimizer_step(optimizer=opt, params=params, max_grad_norm=max_grad_norm)
                 loss_sum += loss.item() * len(batch)  # pair-weighted: the last batch may be smaller
                 correct += pair_accuracy(chosen, rejected).item() * len(batch)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}")
     finally:
         bar.close()
-    opt.zero_grad(set_to_none=True)
     metrics = {
         "reward_model/train_loss": loss_sum / len(pairs),
         "reward_model/train_accuracy": correct / len(pairs),

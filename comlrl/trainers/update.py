@@ -1,8 +1,8 @@
 """The update half of the training loop: each agent's policy loss over a step's rollouts, forward and backward by
 chunk (agents of a LoRA team in one routed pass), then its optimizer step; ``num_iterations`` passes per step.
 
-:class:`PolicyUpdate` is part of :class:`comlrl.trainers.base.MultiAgentTrainer` (its ``optimize``); the loss math is
-:func:`comlrl.algorithms.losses.policy_loss`.
+:class:`PolicyUpdate` is the component :class:`comlrl.trainers.base.MultiAgentTrainer` holds as ``update``; the loss
+math is :func:`comlrl.algorithms.losses.policy_loss`, the step :func:`comlrl.trainers.optim.optimizer_step`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ..parallel import sharding
 from ..rollout.agent import Agent
 from ..rollout.episode import Episode
 from .metrics import iteration_metrics
+from .optim import OptimizerStep, optimizer_step
 
 
 @dataclass
@@ -37,23 +38,51 @@ class FrozenLogprobs:
 
 
 class PolicyUpdate:
-    """The policy update of :class:`comlrl.trainers.base.MultiAgentTrainer`, which provides the attributes below."""
+    """The policy update of a :class:`comlrl.trainers.base.MultiAgentTrainer`: ``trainer.update.optimize(buffer)``.
 
-    args: Any  # the trainer's config
-    agents: list[Agent]  # this process's agents
-    dist: Any  # comlrl.parallel.job.DistTeam under torchrun, else None
-    device: torch.device
-    agent_devices: list[torch.device]  # agent index -> its device (args.agent_devices, else every agent on device)
-    corrects_rollout: bool  # whether the loss reweights tokens by p_train / p_rollout
-    rollout_is_cap: float  # the importance weight's upper bound
+    It reads the trainer's config, agents and placement when it runs (they are the trainer's: a config changed or a
+    checkpoint loaded after construction is what the next update sees).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    @property
+    def args(self) -> Any:
+        """The trainer's config."""
+        return self.trainer.args
+
+    @property
+    def agents(self) -> list[Agent]:
+        """This process's agents."""
+        return self.trainer.agents
+
+    @property
+    def dist(self) -> Any:
+        """:class:`comlrl.parallel.job.DistTeam` under torchrun, else None."""
+        return self.trainer.dist
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.device
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """Whether the loss reweights tokens by p_train / p_rollout."""
+        return self.trainer.corrects_rollout
+
+    @property
+    def rollout_is_cap(self) -> float:
+        """The importance weight's upper bound."""
+        return self.trainer.rollout_is_cap
 
     def autocast(self, device: torch.device | None = None) -> torch.autocast:
         """The training forward's autocast context on ``device`` (the trainer's)."""
-        raise NotImplementedError
+        return self.trainer.autocast(device)
 
     def device_of(self, agent: Agent) -> torch.device:
         """Where ``agent`` computes: its model, reference, loss inputs and autocast."""
-        return self.agent_devices[agent.index]
+        return self.trainer.agent_devices[agent.index]
 
     def optimize(self, buffer: list[tuple[Episode, list[list[torch.Tensor]]]]) -> dict[str, float]:
         """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
@@ -81,10 +110,10 @@ class PolicyUpdate:
                 if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
                     metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
                 mid = time.perf_counter()
-                norms = {a.index: self._optimizer_step(a) for a in group}
+                steps = {a.index: self._optimizer_step(a) for a in group}
                 metrics["time/loss"] += mid - start
                 metrics["time/optimizer"] += time.perf_counter() - mid
-                per_iteration.append({i: dict(metric_sums[i], grad_norm=norms[i]) for i in metric_sums})
+                per_iteration.append({i: dict(metric_sums[i], grad_norm=steps[i].grad_norm) for i in metric_sums})
             for agent in group:
                 pre = f"agent/{agent.index}/"
                 metrics.update(
@@ -93,7 +122,7 @@ class PolicyUpdate:
                         for k, v in iteration_metrics([m[agent.index] for m in per_iteration]).items()
                     }
                 )
-                metrics[pre + "lr"] = agent.scheduler.get_last_lr()[0]
+                metrics[pre + "lr"] = steps[agent.index].lr  # the last iteration's
         # once, after the last agent: the next agent's gradients and activations reuse the previous one's freed heap
         # pages, where trimming after every agent made each re-fault them (2 fp32 agents: ~250k page faults and
         # 0.3-0.6 s of loss time per step, peak RSS unchanged)
@@ -315,14 +344,11 @@ class PolicyUpdate:
                 frozen.ref[key] = self._logprobs(model, tensors)
         return frozen.ref[key]
 
-    def _optimizer_step(self, agent: Agent) -> float:
-        params = agent.params
-        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        norm = float(norm.full_tensor() if sharding.is_shard(norm) else norm)  # sharded: a norm over the mesh
-        agent.optimizer.step()
-        agent.scheduler.step()
-        agent.optimizer.zero_grad(set_to_none=True)
-        return norm
+    def _optimizer_step(self, agent: Agent) -> OptimizerStep:
+        """Clip (``max_grad_norm``) and apply the agent's gradients, then its schedule."""
+        return optimizer_step(
+            optimizer=agent.optimizer,
+            params=agent.params,
+            max_grad_norm=self.args.max_grad_norm,
+            scheduler=agent.scheduler,
+        )

@@ -17,10 +17,10 @@ Process layout of a run in the namespace modes (``verdict="split"``)::
            ├─ judge (uid J: runs the tests, reports)
            └─ candidate (uid C: the program; restarted by init when it dies)
 
-With ``verdict="shared"`` init has one worker that loads program and tests in one interpreter
-(the mode of comlrl before the judge). When init exits the kernel kills everything left in the
-namespace. Without namespaces the relay itself is init. A prepared run of an ns-root zygote has
-no relay: the zygote forks its init straight into the new pid namespace (``_harness_zygote``).
+With ``verdict="shared"`` init has one worker that loads program and tests in one interpreter.
+When init exits the kernel kills everything left in the namespace. Without namespaces the relay
+itself is init. A prepared run of an ns-root zygote has no relay: the zygote forks its init
+straight into the new pid namespace (``_harness_zygote``).
 """
 
 from __future__ import annotations

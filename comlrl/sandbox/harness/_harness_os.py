@@ -117,7 +117,7 @@ def pivot_root(new_root: str) -> None:
     os.chdir("/")
 
 
-# --------------------------------------------------------------------------- the legacy mount layout
+# --------------------------------------------------------------------------- the full mount layout (no view)
 
 
 def _blocked_ancestor(paths: list[str]) -> str | None:

@@ -1,8 +1,8 @@
 """Running tests and reporting them (inside the sandbox; standard library only).
 
 Used in two places: by the single-interpreter mode (``verdict="shared"``: program and tests in one
-interpreter, as before the judge existed) and by the judge of the split mode, where the namespace
-holds references to the program's objects in the candidate process instead of the objects.
+interpreter) and by the judge of the split mode, where the namespace holds references to the
+program's objects in the candidate process instead of the objects.
 Records are nonce-tagged JSON lines on the result descriptor, which only trusted processes hold.
 """
 
