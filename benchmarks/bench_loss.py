@@ -1,6 +1,6 @@
 """One agent's loss forward+backward on the embedded SmolLM2-135M, interleaved A/B so machine drift hits all alike.
 
-Shapes of issue 6: 4 completions of 64 tokens after a 40-token prompt. Setups: ``lora`` (r=16 all-linear on a bf16
+Shapes: 4 completions of 64 tokens after a 40-token prompt. Setups: ``lora`` (r=16 all-linear on a bf16
 base, bf16 autocast), ``full_bf16`` (fp32 weights, bf16 autocast), ``full_fp32``. Variants per setup:
 
 * ``ours``: ``completion_logprobs`` as the trainer runs it (eager attention when training in bf16 on CPU, chunked

@@ -1,6 +1,6 @@
 """Time per training step of an embedded SmolLM2-135M team, split by stage, with peak memory.
 
-Config (issue 6): 2 agents, full fine-tune fp32, 8 prompts of ~40 tokens, num_generations=4,
+Config: 2 agents, full fine-tune fp32, 8 prompts of ~40 tokens, num_generations=4,
 max_new_tokens=64, 1 turn, 1 epoch (8 steps at one prompt per step). Variants: full fine-tune fp32 (the reference
 config; its two models decode at once), the same with the models decoding one after the other (``full2_seq``), with loss
 micro-batches of 2 or with gradient checkpointing, fp32 training with bf16 rollouts,

@@ -219,7 +219,7 @@ class MARLHFTrainer:
         model, tok = self.reward_model, self.reward_tokenizer
         model.requires_grad_(False).train(False)
         a = self.args
-        if "reward_model/score_mean" not in self.reward_model_metrics:  # a run saved before the statistic was kept
+        if "reward_model/score_mean" not in self.reward_model_metrics:  # a checkpoint written without the statistic
             pairs, _, _ = readable_pairs(tok, read_jsonl(shard_path(out, 0)))
             self.reward_model_metrics.update(self.score_statistic(pairs))
         self.rl.reward_func = RewardModelReward(
