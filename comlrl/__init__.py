@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# the compat layer explains the reference library's field names to our configs, which know none of them
+from .compat import fields as _compat_fields  # noqa: F401
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

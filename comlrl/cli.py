@@ -180,7 +180,7 @@ def _evaluate(trainer: Any, run_dir: Path, *, tag: str, fresh: bool = False, com
     if comparison is not None:
         comparison.add_team(tag, trainer, time.perf_counter() - start)
     trainer.tracker.log_samples(trainer.last_eval_samples, trainer.state["step"], tag=f"eval-{tag}")
-    if getattr(trainer, "dist", None) is None or trainer.dist.is_main:
+    if trainer.dist.is_main:
         path.write_text(json.dumps(metrics, indent=2))
     return metrics
 

@@ -1,4 +1,23 @@
-"""Exceptions that name the culprit: the config field, the agent, the dataset row."""
+"""Exceptions that name the culprit: the config field, the agent, the dataset row; and what explains a config
+field unknown to a config (:func:`explain_unknown_field`)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+FIELD_EXPLAINERS: list[Callable[[type, str], str | None]] = []
+"""Each called with (config class, unknown field name): the error message that says what the field is and what to
+use instead, or None. The compat layer adds the reference library's fields (:mod:`comlrl.compat.fields`), so that a
+config keeps no knowledge of another library's names."""
+
+
+def explain_unknown_field(cls: type, name: str) -> str | None:
+    """The first explainer's message for field ``name`` unknown to config class ``cls``; None when none knows it."""
+    for explain in FIELD_EXPLAINERS:
+        message = explain(cls, name)
+        if message is not None:
+            return message
+    return None
 
 
 class ComlrlError(ValueError):

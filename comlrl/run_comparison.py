@@ -39,11 +39,10 @@ class RunComparison:
     """The comparison of one run: per-row results collected while the run goes, written by :meth:`write`."""
 
     def __init__(self, cfg: Any, run_dir: str | Path, env: Any, trainer: Any) -> None:
-        if getattr(trainer, "dist", None) is not None:
-            raise ComlrlError(
-                "evaluation.compare: under torchrun each process holds only some agents; remove evaluation.compare "
-                "and compare the run afterwards in one process (comlrl compare RUN_DIR untrained:CONFIG ...)."
-            )
+        trainer.dist.require_one_process(
+            "evaluation.compare: under torchrun each process holds only some agents; remove evaluation.compare "
+            "and compare the run afterwards in one process (comlrl compare RUN_DIR untrained:CONFIG ...)."
+        )
         self.modes = list(cfg.evaluation.compare)
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / FOLDER

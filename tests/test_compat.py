@@ -13,7 +13,8 @@ import torch
 import comlrl
 from comlrl import configs as ours
 from comlrl.compat import fields as compat_fields
-from comlrl.compat.keywords import reference_hooks
+from comlrl.compat.configs import is_compat_style
+from comlrl.compat.keywords import compat_hooks
 from comlrl.errors import ConfigError
 
 # The reference's public names by import path, and its config fields, as its 1.4.3 sources define them.
@@ -117,7 +118,7 @@ def test_reference_names_are_our_classes_and_the_tables_cover_its_fields():
     preference = importlib.import_module("comlrl.trainers.preference")
     assert preference.MADPOIterTrainer is preference.MADPOTrainer is comlrl.MADPOTrainer
     assert preference.MARLHFTrainer is comlrl.MARLHFTrainer
-    assert issubclass(preference.MADPOIterConfig, ours.MADPOConfig) and preference.MADPOIterConfig.reference_style
+    assert issubclass(preference.MADPOIterConfig, ours.MADPOConfig) and preference.MADPOIterConfig.compat_style
     with pytest.raises(ConfigError, match="iterative MARLHF is not built"):
         preference.MARLHFIterConfig(num_iterations=2)
     for name, target in OUR_CONFIG.items():
@@ -125,12 +126,12 @@ def test_reference_names_are_our_classes_and_the_tables_cover_its_fields():
         for path in (reinforce, actor_critic, preference):
             if hasattr(path, name):
                 alias = getattr(path, name)
-                assert issubclass(alias, target) and alias.reference_style and _fields(alias) == _fields(target)
+                assert issubclass(alias, target) and alias.compat_style and _fields(alias) == _fields(target)
         if name in comlrl.__all__:  # our top-level names stay ours
-            assert getattr(comlrl, name) is target and not getattr(target, "reference_style", False)
+            assert getattr(comlrl, name) is target and not getattr(target, "compat_style", False)
         assert _fields(target) == _fields(ours.MADPOConfig) or not name.startswith("MADPOIter")
         rules, _ = compat_fields.rules_for(target)
-        defaults = compat_fields.reference_defaults(target)
+        defaults = compat_fields.compat_defaults(target)
         assert set(defaults) == REFERENCE_FIELDS[name], name  # the reference's defaults: its whole field list
         for field in defaults:  # every reference field is translated or is a field of ours with its name
             assert field in rules or field in _fields(target), (name, field)
@@ -237,17 +238,65 @@ def test_a_native_config_refuses_reference_fields_naming_the_path_that_takes_the
             cls(**kwargs)
     # a native config keeps its meaning: our defaults, our reward call, no reference field to read back
     c = comlrl.MAGRPOConfig(num_turns=1)
-    assert c.temperature == 1.0 and c.loss_type != "seq_sum" and not c._reference_style
+    assert c.temperature == 1.0 and c.loss_type != "seq_sum" and not is_compat_style(c)
     assert not hasattr(c, "rollout_buffer_size")
     with pytest.raises(ConfigError, match="unknown field 'rolout_buffer_size'"):
         comlrl.MAGRPOConfig(rolout_buffer_size=8)
+
+
+def test_the_core_configs_do_not_import_the_compat_layer():
+    import grimp
+
+    graph = grimp.build_graph("comlrl")
+    chain = graph.find_shortest_chain(importer="comlrl.configs.fields", imported="comlrl.compat.fields")
+    assert chain is None, f"the core configs reach the compat layer: {' -> '.join(chain)}"
+    assert not graph.chain_exists(importer="comlrl.configs", imported="comlrl.compat", as_packages=True)
+
+
+def test_a_native_config_refuses_reference_fields_with_only_the_configs_imported():
+    import subprocess
+    import sys
+
+    script = (
+        "from comlrl.configs import IACConfig\n"
+        "from comlrl.errors import ConfigError\n"
+        "try:\n"
+        "    IACConfig(value_clip_range=0.2)\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert "import it from comlrl.trainers.actor_critic, or use our value_clip" in out, out
+
+
+def test_only_a_compat_style_config_changes_the_reward_call_and_eval_keys_and_marlhf_carries_it():
+    from types import SimpleNamespace
+
+    from comlrl.trainers.marlhf import rl_config
+
+    reinforce = importlib.import_module("comlrl.trainers.reinforce")
+    preference = importlib.import_module("comlrl.trainers.preference")
+
+    def reward(*completions, prompts=None):
+        return [len(prompts)] * len(completions[0])
+
+    episode = SimpleNamespace(turns=[SimpleNamespace(rewards=torch.tensor([[1.0]]), children=torch.tensor([[-1]]))])
+    for config, compat in ((reinforce.MAGRPOConfig(num_turns=1), True), (ours.MAGRPOConfig(num_turns=1), False)):
+        hooks = compat_hooks("MAGRPOTrainer", config, {}, ["model"])
+        assert hooks.compat_style is compat and hooks.reward(None) is None
+        # the reference passes agent 0's prompts (2 rows), ours every agent's prompt list (3 agents here)
+        assert hooks.reward(reward)(["a", "b"], prompts=[["p", "q"]] * 3) == ([2, 2] if compat else [3, 3])
+        assert ("eval/turn_1/reward_mean" in hooks.turn_metrics([episode], 1)) is compat
+    marlhf = dict(rl_algorithm="magrpo", num_turns=1)
+    assert is_compat_style(rl_config(preference.MARLHFConfig(**marlhf)))
+    assert not is_compat_style(rl_config(ours.MARLHFConfig(**marlhf)))
 
 
 def test_reference_path_defaults_and_critic_learning_rate_none():
     actor_critic = importlib.import_module("comlrl.trainers.actor_critic")
     preference = importlib.import_module("comlrl.trainers.preference")
     iac = actor_critic.IACConfig(critic_learning_rate=None, agent_learning_rate=3e-4)  # None: the agents' rate
-    assert iac.critic_learning_rate == iac.learning_rate == 3e-4 and iac._reference_style
+    assert iac.critic_learning_rate == iac.learning_rate == 3e-4 and is_compat_style(iac)
     assert (iac.num_turns, iac.num_generations, iac.num_train_epochs, iac.gae_lambda) == (2, 1, 40, 0.0)
     maac = actor_critic.MAACConfig()
     assert (maac.num_turns, maac.num_generations, maac.temperature) == (2, 1, 0.6)
@@ -284,7 +333,7 @@ def test_reference_fields_read_back_as_given_or_defaulted():
 def test_reference_eval_keys_average_each_turn_and_the_return_from_it():
     from types import SimpleNamespace
 
-    from comlrl.compat.keywords import reference_turn_metrics
+    from comlrl.compat.keywords import compat_turn_metrics
 
     def episode(*turns):
         return SimpleNamespace(
@@ -295,17 +344,17 @@ def test_reference_eval_keys_average_each_turn_and_the_return_from_it():
     ended = episode(([[1.0], [2.0]], [[0], [-1]]), ([[3.0]], [[-1]]))
     # one row, two joint actions, each with its own next turn: each weighs half of the row
     split = episode(([[1.0, 3.0]], [[0, 1]]), ([[2.0], [4.0]], [[-1], [-1]]))
-    assert reference_turn_metrics([ended], 2) == {
+    assert compat_turn_metrics([ended], 2) == {
         "eval/turn_1/reward_mean": 1.5,
         "eval/turn_1/expected_return": 3.0,
         "eval/turn_2/reward_mean": 3.0,
         "eval/turn_2/expected_return": 1.5,
     }
-    m = reference_turn_metrics([split], 3)
+    m = compat_turn_metrics([split], 3)
     assert (m["eval/turn_1/reward_mean"], m["eval/turn_1/expected_return"]) == (2.0, 5.0)
     assert (m["eval/turn_2/reward_mean"], m["eval/turn_2/expected_return"]) == (3.0, 3.0)
     assert (m["eval/turn_3/reward_mean"], m["eval/turn_3/expected_return"]) == (0.0, 0.0)  # no turn 3 played
-    both = reference_turn_metrics([ended, split], 2)  # batches merge per row
+    both = compat_turn_metrics([ended, split], 2)  # batches merge per row
     assert both["eval/turn_1/expected_return"] == pytest.approx((3.0 * 2 + 5.0) / 3)
 
 
@@ -322,7 +371,7 @@ def test_each_translation_logs_one_line_on_first_use(caplog):
 
 def test_reference_trainer_keywords_translate_or_fail_clearly():
     args = ours.MAGRPOConfig(num_turns=1, report_to=[])
-    hooks = reference_hooks(
+    hooks = compat_hooks(
         "MAGRPOTrainer",
         args,
         {
@@ -335,11 +384,11 @@ def test_reference_trainer_keywords_translate_or_fail_clearly():
     assert args.bf16 is True and args.report_to == ["wandb"] and hooks.special_tokens == {"pad_token": "<pad>"}
     assert hooks.wandb_init == {"project": "p", "name": "r", "tags": ["a"], "config": {"dataset": {"x": 1}}}
     with pytest.raises(TypeError, match="unexpected keyword argument 'eval_loger'.*Did you mean 'eval_logger'"):
-        reference_hooks("MAGRPOTrainer", args, {"eval_loger": print}, ["model"])
+        compat_hooks("MAGRPOTrainer", args, {"eval_loger": print}, ["model"])
     with pytest.raises(ConfigError, match="eval_logger and eval_aggregator work as a pair"):
-        reference_hooks("MAGRPOTrainer", args, {"eval_logger": print}, ["model"])
+        compat_hooks("MAGRPOTrainer", args, {"eval_logger": print}, ["model"])
     with pytest.raises(ConfigError, match="torch_dtype='float16'"):
-        reference_hooks("MAGRPOTrainer", args, {"model_config": {"torch_dtype": "float16"}}, ["model"])
+        compat_hooks("MAGRPOTrainer", args, {"model_config": {"torch_dtype": "float16"}}, ["model"])
 
 
 # ---------------------------------------------------------------- reference-style scripts on a tiny model

@@ -91,12 +91,12 @@ def test_negate_condition_hand_checked():
 
 @pytest.mark.parametrize("operator", [off_by_one, flip_comparison, swap_operator, negate_condition])
 def test_every_mutant_parses_and_differs(operator):
-    reference = ast.unparse(ast.parse(SRC))
+    canonical = ast.unparse(ast.parse(SRC))
     out = operator(SRC)
     assert out
     assert len({m.source for m in out}) == len(out)
     for m in out:
-        assert ast.parse(m.source) and m.source != reference and m.operator in OPERATORS
+        assert ast.parse(m.source) and m.source != canonical and m.operator in OPERATORS
 
 
 def test_make_mutants_interleaves_and_caps():
@@ -357,7 +357,7 @@ def test_self_comparisons_never_pay():
 
 
 @pytest.mark.parametrize("benchmark", ["mbpp", "humaneval"])
-def test_reference_and_hidden_asserts_reach_the_maximum(benchmark):
+def test_canonical_solution_and_hidden_asserts_reach_the_maximum(benchmark):
     env = envs.make("codetest", benchmark=benchmark)
     rows = [dict(r) for r in env.load_dataset(limit=5)]
     tests = ["\n".join(hidden_asserts(task_from_row(r))) for r in rows]
@@ -393,9 +393,9 @@ def test_loaders_and_prompts(tmp_path):
         envs.make("codetest", benchmark="humaneval").load_dataset(split="train")
     path = tmp_path / "no_ref.jsonl"
     path.write_text('{"text": "t", "test_list": ["assert f(1) == 1"]}\n')
-    with pytest.raises(DatasetError, match="no reference solution"):
+    with pytest.raises(DatasetError, match="no canonical solution"):
         env.load_dataset(str(path))
-    with pytest.raises(ComlrlError, match="no reference solution"):
+    with pytest.raises(ComlrlError, match="no canonical solution"):
         env.reward_func(["x"], ["y"], batch_items=[{"text": "t", "test_list": ["assert f(1) == 1"]}])
     with pytest.raises(ValueError, match="unknown benchmark"):
         envs.make("codetest", benchmark="apps")
@@ -423,7 +423,7 @@ def test_transitions():
     assert "Tests that call `pos_sum`: 2 (ignored: 1 do not call `pos_sum`)" in tester
     assert "Valid (pass on a correct solution): 1/2" in tester and "INVALID: assert pos_sum([2]) == 3" in tester
     assert "Buggy versions caught: 2/4" in tester and "a swapped operator" in tester
-    assert "total" not in tester  # neither the reference nor a mutant is shown
+    assert "total" not in tester  # neither the canonical solution nor a mutant is shown
     for mode, present, absent in [
         ("level_passed", "Valid (pass on a correct solution): 1/2", "INVALID"),
         ("passed", "not all valid", "Valid"),

@@ -1,17 +1,18 @@
 """The reference library's config fields, translated onto ours with the reference's meaning.
 
 A config imported from one of the reference's paths (:data:`REFERENCE_PATHS`: :mod:`comlrl.trainers.reinforce`,
-:mod:`comlrl.trainers.actor_critic`, :mod:`comlrl.trainers.preference`) is a *reference-style* config: it takes the
+:mod:`comlrl.trainers.actor_critic`, :mod:`comlrl.trainers.preference`) is a *compat-style* config: it takes the
 reference's field names, and the fields it leaves unset take the reference's defaults (its temperature 0.6, its
 early termination, its undiscounted tree returns, its loss and optimizer), so that the script trains as its author
 expects. Our own fields can be mixed in and win over a reference default that would set the same thing. Its
-reference-only fields read back as given, or as the reference's default (:func:`reference_values`).
+reference-only fields read back as given, or as the reference's default (:func:`compat_values`).
 
 Our own configs (``from comlrl import MAGRPOConfig``) keep our meaning: a reference-only field given to one is
-refused with the import path that takes it (:func:`refuse_reference_fields`).
+refused with the import path that takes it (:func:`explain_compat_field`, which this module adds to
+:data:`comlrl.errors.FIELD_EXPLAINERS`: our configs know no reference name).
 
-:func:`translate` is called by the constructor of every reference-style config
-(:func:`comlrl.configs.fields.config_class`). The mapping is in :mod:`.rules` (a rule per reference field) and
+:func:`translate` is called by the constructor of every compat-style config, before our own constructor
+(:func:`comlrl.compat.configs.compat_style`). The mapping is in :mod:`.rules` (a rule per reference field) and
 :mod:`.defaults` (the reference's defaults); ``tests/test_compat.py`` fails when one of them drifts from our configs
 or from the reference's field lists.
 """
@@ -22,7 +23,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import FIELD_EXPLAINERS, ConfigError
 from . import REFERENCE
 from .defaults import ALIASES, DEFAULTS, REFERENCE_NAMES
 from .rules import (
@@ -45,7 +46,7 @@ from .rules import (
 
 log = logging.getLogger("comlrl.compat")
 
-# by our base class name: whose rules and reference-style settings a config takes (most derived last)
+# by our base class name: whose rules and compat-style settings a config takes (most derived last)
 FAMILIES: dict[str, tuple[dict[str, Rule], dict[str, Any]]] = {
     "TrainConfig": (COMMON, RUN_MODE),
     "PolicyConfig": (POLICY, {}),
@@ -61,7 +62,7 @@ _logged: set[tuple[str, str]] = set()
 
 
 def rules_for(cls: type) -> tuple[dict[str, Rule], dict[str, Any]]:
-    """The translation rules and reference-style settings of config class ``cls`` (merged along its bases)."""
+    """The translation rules and compat-style settings of config class ``cls`` (merged along its bases)."""
     rules: dict[str, Rule] = {}
     mode: dict[str, Any] = {}
     for base in reversed(cls.__mro__):
@@ -72,12 +73,12 @@ def rules_for(cls: type) -> tuple[dict[str, Rule], dict[str, Any]]:
     return rules, mode
 
 
-def reference_fields(cls: type) -> list[str]:
+def compat_fields(cls: type) -> list[str]:
     """The reference's field names that config class ``cls`` translates."""
     return list(rules_for(cls)[0])
 
 
-def reference_defaults(cls: type) -> dict[str, Any]:
+def compat_defaults(cls: type) -> dict[str, Any]:
     """The reference's defaults of the class ``cls`` stands for ({} when it has no reference counterpart)."""
     for base in cls.__mro__:
         name = REFERENCE_NAMES.get(base.__name__, base.__name__)
@@ -111,27 +112,32 @@ def _reference_home(cls: type, key: str) -> tuple[str, str, Rule] | None:
     return None
 
 
-def refuse_reference_fields(cls: type, kwargs: dict[str, Any], fields: set[str]) -> None:
-    """Raise for the first of ``kwargs`` that is a reference-only field of our config ``cls`` (one without the
-    reference's meaning), naming the import path whose config takes it and our field that does the same."""
-    for key in kwargs:
-        home = _reference_home(cls, key) if key not in fields else None
-        if home is None:
-            continue
-        name, path, rule = home
-        ours = [k for k in rule.sets if k != "rl_args"] or list(rule.sets)
-        instead = f", or use our {' / '.join(ours)}" if ours else f" ({rule.note})"
-        raise ConfigError(
-            f"{cls.__name__}: {key} is a field of the reference library's {name}: import it from {path}{instead}. "
-            "docs/migration.md maps each reference field onto ours."
-        )
+def explain_compat_field(cls: type, key: str) -> str | None:
+    """Why ``key``, unknown to our config class ``cls``, is refused when it is a reference-only field (one without
+    the reference's meaning here): the import path whose config takes it and our field that does the same. None
+    for any other name, and for a compat-style class (it translates the reference's fields itself)."""
+    if getattr(cls, "compat_style", False):
+        return None
+    home = _reference_home(cls, key)
+    if home is None:
+        return None
+    name, path, rule = home
+    ours = [k for k in rule.sets if k != "rl_args"] or list(rule.sets)
+    instead = f", or use our {' / '.join(ours)}" if ours else f" ({rule.note})"
+    return (
+        f"{cls.__name__}: {key} is a field of the reference library's {name}: import it from {path}{instead}. "
+        "docs/migration.md maps each reference field onto ours."
+    )
 
 
-def reference_values(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, Any]:
-    """The reference-only fields of reference-style config ``cls``: the value given in ``kwargs``, else the
+FIELD_EXPLAINERS.append(explain_compat_field)
+
+
+def compat_values(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """The reference-only fields of compat-style config ``cls``: the value given in ``kwargs``, else the
     reference's default (a reference name that is also a field of ours is left out: ours is read)."""
     rules, _ = rules_for(cls)
-    values = {k: v for k, v in reference_defaults(cls).items() if k not in fields}
+    values = {k: v for k, v in compat_defaults(cls).items() if k not in fields}
     values.update((k, v) for k, v in kwargs.items() if k in rules and k not in fields)
     return values
 
@@ -140,14 +146,14 @@ def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, 
     """Our constructor keywords for ``cls`` from ``kwargs``, which may use the reference's field names.
 
     Unchanged when ``cls`` is not a reference-path class. Else the reference's defaults fill every field the
-    caller left unset, each reference field is converted by its :class:`Rule`, and the reference-style settings of
+    caller left unset, each reference field is converted by its :class:`Rule`, and the compat-style settings of
     our own fields apply unless the caller gave them.
     """
-    if not getattr(cls, "reference_style", False):
+    if not getattr(cls, "compat_style", False):
         return kwargs
     rules, mode = rules_for(cls)
     reference_only = [k for k in kwargs if k in rules and k not in fields]
-    defaults = reference_defaults(cls)
+    defaults = compat_defaults(cls)
     given_ours = {k for k in kwargs if k in fields}
     merged = dict(kwargs)
     for key, value in defaults.items():

@@ -3,7 +3,8 @@
 trainers' ``critic_model`` / ``critics``.
 
 Each is either translated into our config (``model_config``'s dtype into ``bf16``, ``wandb_config`` into
-``report_to``) or kept as a hook our loop calls (:class:`ReferenceHooks`). The first use of each logs one line.
+``report_to``) or kept as a hook our loop calls (:class:`CompatHooks`, which also holds what a compat-style config
+changes in the loop). The first use of each logs one line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..configs.fields import suggest
 from ..engine.rewards import accepted_kwargs
 from ..errors import ConfigError
 from . import REFERENCE
+from .configs import is_compat_style
 
 log = logging.getLogger("comlrl.compat")
 
@@ -36,17 +38,31 @@ _logged: set[str] = set()
 
 
 @dataclass(kw_only=True)
-class ReferenceHooks:
-    """What the reference keywords leave for our loop to call or apply."""
+class CompatHooks:
+    """What the reference keywords and a compat-style config leave for our loop to call or apply.
+
+    ``compat_style``: the config came from one of the reference's import paths
+    (:func:`comlrl.compat.configs.is_compat_style`); then :meth:`reward` calls the reward as the reference does and
+    :meth:`turn_metrics` adds its per-turn evaluation keys. Else both leave ours as they are."""
 
     eval_logger: Callable | None = None
     eval_aggregator: Callable | None = None
     metrics_callback: Callable | None = None
     special_tokens: dict = field(default_factory=dict)
     wandb_init: dict | None = None
+    compat_style: bool = False
+
+    def reward(self, fn: Callable | None) -> Callable | None:
+        """``fn`` as the trainer calls it: with the reference's ``prompts=`` in a compat-style run
+        (:func:`compat_reward`), else unchanged."""
+        return compat_reward(fn) if self.compat_style and fn is not None else fn
+
+    def turn_metrics(self, episodes: list[Any], num_turns: int) -> dict[str, float]:
+        """The reference's per-turn evaluation keys in a compat-style run (:func:`compat_turn_metrics`), else {}."""
+        return compat_turn_metrics(episodes, num_turns) if self.compat_style else {}
 
 
-def reference_hooks(trainer: str, args: Any, keywords: dict[str, Any], valid: list[str]) -> ReferenceHooks:
+def compat_hooks(trainer: str, args: Any, keywords: dict[str, Any], valid: list[str]) -> CompatHooks:
     """Apply the reference keywords ``keywords`` to ``args`` (our config, already a copy) and return the hooks.
 
     ``valid``: the trainer's own keyword names, for the suggestion when a keyword is neither ours nor the
@@ -57,7 +73,7 @@ def reference_hooks(trainer: str, args: Any, keywords: dict[str, Any], valid: li
             raise TypeError(
                 f"{trainer}() got an unexpected keyword argument '{key}'.{suggest(key, [*valid, *KEYWORDS])}"
             )
-    hooks = ReferenceHooks()
+    hooks = CompatHooks(compat_style=is_compat_style(args))
     model_config = keywords.get("model_config") or {}
     if not isinstance(model_config, dict):
         raise ConfigError(f"{trainer}: model_config must be a dict, got {type(model_config).__name__}.")
@@ -94,7 +110,7 @@ def reference_hooks(trainer: str, args: Any, keywords: dict[str, Any], valid: li
     return hooks
 
 
-def reference_reward(fn: Callable) -> Callable:
+def compat_reward(fn: Callable) -> Callable:
     """``fn`` called with the reference's ``prompts``: a list holding agent 0's prompt of the joint action (ours
     passes every agent's prompt list). Batched or ``score`` rewards are ours and are left as they are."""
     if getattr(fn, "batched", False) or hasattr(fn, "score"):
@@ -105,11 +121,11 @@ def reference_reward(fn: Callable) -> Callable:
             extras["prompts"] = list(extras["prompts"][0]) if extras["prompts"] else []
         return fn(*completions, **accepted_kwargs(fn, extras))
 
-    reward.reference_fn = fn  # the user's function, for the trainers that group its calls (reference_group_reward)
+    reward.compat_fn = fn  # the user's function, for the trainers that group its calls (compat_group_reward)
     return reward
 
 
-def reference_group_reward(fn: Callable, group: int) -> Callable:
+def compat_group_reward(fn: Callable, group: int) -> Callable:
     """``fn`` called as the reference's IAC / MAAC call a reward: once per node with each agent's ``group`` answers
     (the joint actions j*group ... j*group + group - 1 of a step), ``prompts`` = each agent's prompt and
     ``batch_items`` = [the row]; it returns one reward per joint action or one for the whole group."""
@@ -132,7 +148,7 @@ def reference_group_reward(fn: Callable, group: int) -> Callable:
     return reward
 
 
-def reference_critic(critic: Any, keywords: dict[str, Any]) -> Any:
+def compat_critic(critic: Any, keywords: dict[str, Any]) -> Any:
     """Our ``critic=`` from the reference's ``critic_model=`` (one source) or ``critics=`` (one per agent), both
     taken out of ``keywords``."""
     popped = {k: keywords.pop(k) for k in ("critic_model", "critics") if k in keywords}
@@ -163,7 +179,7 @@ def wandb_init_kwargs(wandb_config: Any) -> dict:
     return {k: v for k, v in init.items() if v is not None}
 
 
-def eval_extras(hooks: ReferenceHooks, completions: list, rows: list[dict], prompts: list[str], num_turns: int) -> dict:
+def eval_extras(hooks: CompatHooks, completions: list, rows: list[dict], prompts: list[str], num_turns: int) -> dict:
     """``eval/<key>`` metrics from the reference's eval_logger + eval_aggregator.
 
     ``completions[agent][row][turn]``: each agent's answer along each evaluated row's path; ``rows``: the dataset
@@ -249,7 +265,7 @@ def rollout_samples(episode: Any, num_agents: int) -> list[RolloutSample]:
     return out
 
 
-def callback_metrics(hooks: ReferenceHooks, episode: Any, num_agents: int, prefix: str = "") -> dict[str, float]:
+def callback_metrics(hooks: CompatHooks, episode: Any, num_agents: int, prefix: str = "") -> dict[str, float]:
     """The reference's ``metrics_callback(rollouts) -> dict`` on this episode's samples (numbers only)."""
     if hooks.metrics_callback is None:
         return {}
@@ -259,7 +275,7 @@ def callback_metrics(hooks: ReferenceHooks, episode: Any, num_agents: int, prefi
     return {f"{prefix}{k}": float(v) for k, v in extra.items() if _is_number(v)}
 
 
-def reference_turn_metrics(episodes: list[Any], num_turns: int) -> dict[str, float]:
+def compat_turn_metrics(episodes: list[Any], num_turns: int) -> dict[str, float]:
     """The reference's per-turn evaluation keys, for turns t = 1..num_turns: ``eval/turn_{t}/reward_mean`` (the mean
     reward of the joint actions played at turn t) and ``eval/turn_{t}/expected_return`` (the undiscounted reward sum
     from turn t on, averaged over the evaluated rows; 0 for a row whose episode ended before turn t). With one joint

@@ -15,8 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compat.fields import reference_fields, reference_values, refuse_reference_fields, translate
-from ..errors import ConfigError
+from ..errors import ConfigError, explain_unknown_field
 
 
 def help_field(default: Any, text: str, **kw: Any) -> Any:
@@ -91,7 +90,7 @@ def type_problem(name: str, value: Any, types: frozenset) -> str | None:
 
 
 def own_field(config: Any, name: str, default: Any) -> Any:
-    """``config``'s own dataclass field ``name``, or ``default`` when its class has none (a reference-style config's
+    """``config``'s own dataclass field ``name``, or ``default`` when its class has none (a compat-style config's
     reference-only fields read back as attributes too, with the reference's meaning: never read them as ours)."""
     return getattr(config, name) if any(f.name == name for f in dataclasses.fields(config)) else default
 
@@ -100,9 +99,8 @@ def config_class(cls: type) -> type:
     """Make ``cls`` a dataclass whose constructor rejects unknown fields with a suggestion, and values of the wrong
     type for its int / float / bool fields (e.g. learning_rate='1e-4') with the value to pass instead.
 
-    A reference-style class (``reference_style = True``, :func:`comlrl.compat.configs.reference_style`) translates
-    the reference library's field names first (:func:`comlrl.compat.fields.translate`) and keeps its reference-only
-    fields to read back; any other class refuses them with the import path that takes them."""
+    An unknown field that an explainer of :data:`comlrl.errors.FIELD_EXPLAINERS` knows is refused with its message
+    (the compat layer's: the import path whose config takes the reference library's field)."""
     cls = dataclass(cls, kw_only=True)
     init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]
@@ -111,18 +109,13 @@ def config_class(cls: type) -> type:
 
     @functools.wraps(init)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        reference = bool(getattr(type(self), "reference_style", False))
-        # a reference-style config: the trainer also calls reward_func as the reference does (compat.keywords)
-        object.__setattr__(self, "_reference_style", reference)
-        if reference:
-            object.__setattr__(self, "_reference_values", reference_values(type(self), kwargs, set(names)))
-            kwargs = translate(type(self), kwargs, set(names))
-        else:
-            refuse_reference_fields(type(self), kwargs, set(names))
-        for key in kwargs:
-            if key not in names:
-                known = [*names, *reference_fields(type(self))] if reference else names
-                raise ConfigError(f"{cls.__name__}: unknown field '{key}'.{suggest(key, known)}")
+        unknown = [key for key in kwargs if key not in names]
+        for key in unknown:
+            explained = explain_unknown_field(type(self), key)
+            if explained is not None:
+                raise ConfigError(explained)
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown field '{unknown[0]}'.{suggest(unknown[0], names)}")
         for key, value in {**dict(zip(init_names, args)), **kwargs}.items():
             problem = type_problem(key, value, checked[key]) if key in checked else None
             if problem is not None:

@@ -129,8 +129,9 @@ def publish(trainer: Any, tmp: Path, root: Path, step: int) -> str:
             "git": git_info(),
             "args": trainer.args.to_dict(),
         }
-        if getattr(trainer, "dist", None) is not None:
-            meta["world_size"] = trainer.dist.world_size
+        world_size = getattr(getattr(trainer, "dist", None), "world_size", 1)
+        if world_size > 1:  # a one-process checkpoint names no world size
+            meta["world_size"] = world_size
         _write_text(tmp / "trainer_state.json", json.dumps(meta, indent=2, default=str))
         _write_text(tmp / "history.json", json.dumps(trainer.history))
         if (root / "config.yaml").is_file():

@@ -2,9 +2,9 @@
 
     torchrun --standalone --nproc-per-node 2 -m comlrl train CONFIG.yaml    # or: comlrl train CONFIG.yaml --nproc 2
 
-The trainer calls :func:`comlrl.parallel.job.setup` at construction. Outside torchrun (or with WORLD_SIZE=1) it returns None and
-nothing of the package runs. Under torchrun every process builds the same trainer;
-:class:`~comlrl.parallel.job.DistTeam` then decides:
+The trainer calls :func:`comlrl.parallel.job.setup` at construction. Outside torchrun (or with WORLD_SIZE=1) it
+returns a :class:`~comlrl.parallel.job.LocalTeam`: the same interface, every agent and row local, its collectives
+identities. Under torchrun every process builds the same trainer; :class:`~comlrl.parallel.job.DistTeam` then decides:
 
 * **Placement** (:func:`comlrl.parallel.placement.resolve_placement`): agent i lives on the ranks ``placement.ranks[i]`` (one per replica).
   Default: round-robin (agent i on rank i % world) when world <= num_agents; otherwise ``world = num_agents x R``
@@ -73,6 +73,12 @@ def world() -> tuple[int, int, int]:
 def launched() -> bool:
     """True in a process started by torchrun with more than one process in the job."""
     return world()[1] > 1
+
+
+def require_one_process(message: str) -> None:
+    """Refuse what runs in one process only, before any process group: raise ConfigError(``message``) under torchrun."""
+    if launched():
+        raise ConfigError(message)
 
 
 def is_main() -> bool:

@@ -1,5 +1,7 @@
-"""This process's part of a torchrun job (:class:`DistTeam`): its agents, their collectives and sharding, the rollout
-split across replicas, and checkpoints written by every rank (see :mod:`comlrl.parallel.distributed`)."""
+"""This process's part of a team, one interface (:class:`ProcessTeam`) in one process and under torchrun: its agents,
+their collectives and sharding, the rollout split across replicas, and checkpoints. In one process
+(:class:`LocalTeam`) every agent and row is local and every collective an identity; under torchrun
+(:class:`DistTeam`, see :mod:`comlrl.parallel.distributed`) every rank writes its part of a checkpoint."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import os
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
+from ..engine.process import resolve_device
 from ..errors import ConfigError
 from ..rollout.generation import select_engine
 from ..rollout.rollout import Samples, concat_samples
@@ -24,16 +27,200 @@ from .placement import BUCKET_BYTES, Placement, grad_buckets, resolve_placement,
 log = logging.getLogger(__name__)
 
 
-def setup(args: Any, num_agents: int) -> DistTeam | None:
-    """The trainer's view of the job: None outside torchrun; else init the process group and place the agents."""
+def setup(args: Any, num_agents: int) -> ProcessTeam:
+    """The trainer's view of the job: a :class:`LocalTeam` outside torchrun; else init the process group and place
+    the agents (:class:`DistTeam`). ``agent_devices`` is refused under torchrun before the process group waits."""
+    plan = sharding.sharding_plan(getattr(args, "fsdp", None), getattr(args, "fsdp_config", None))
     if not distributed.launched():
-        return None
+        if plan is not None:
+            log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", args.fsdp)
+        return LocalTeam(resolve_device(getattr(args, "device", "auto")), num_agents)
+    names = getattr(args, "agent_devices", None)
+    if names is not None:
+        raise ConfigError(
+            f"agent_devices={list(names)} places agents in one process; under torchrun (WORLD_SIZE > 1) each rank "
+            "holds its own agents: set placement (agent index -> rank) and leave agent_devices None."
+        )
     device = distributed.device_for(getattr(args, "device", "auto"))
     timeout = float(getattr(args, "dist_timeout", DEFAULT_TIMEOUT_S))
-    plan = sharding.sharding_plan(getattr(args, "fsdp", None), getattr(args, "fsdp_config", None))
     distributed.init(timeout, device, offload=plan is not None and plan.offload_params)
     placement = resolve_placement(num_agents, dist.get_world_size(), getattr(args, "placement", None))
     return DistTeam(placement, device, timeout, plan)
+
+
+@runtime_checkable
+class ProcessTeam(Protocol):
+    """What the trainer asks of this process's part of the team, the same in one process (:class:`LocalTeam`) and
+    under torchrun (:class:`DistTeam`): which agents and rows it holds, the collectives among the processes that
+    hold an agent, and which process writes what."""
+
+    rank: int  # this process's rank (0 in one process)
+    world_size: int  # the job's processes (1 in one process)
+    placement: Placement  # agent i on the ranks placement.ranks[i], replica 0 first
+    device: torch.device  # the trainer's device
+    timeout_s: float  # every collective's limit
+    plan: sharding.ShardingPlan | None  # the FSDP plan in effect (None: nothing is sharded)
+    local_agents: list[int]  # the agents whose weights live in this process
+    replica: int | None  # the replica of this process's agents, which picks their rows (None: it holds none)
+    objects: Any  # the process group Python objects travel on (None: the default one)
+    grad_groups: dict[int, Any]  # agent index -> the process group of its replicas' gradients (several only)
+    object_groups: dict[int, Any]  # agent index -> the gloo group of its replicas (several only)
+    meshes: dict[int, Any]  # agent index -> the device mesh it is sharded over (fsdp, several ranks only)
+    world_mesh: Any  # the centralized critic's mesh, when it is sharded
+    ranks_per_node: int  # the processes of one machine
+
+    @property
+    def is_main(self) -> bool: ...  # the process that writes run-level files and metrics
+
+    @property
+    def team_forward(self) -> bool: ...  # whether agents on one LoRA base may run their losses as one routed pass
+
+    def shard_agents(self, agents: list, bf16: bool) -> None: ...
+    def sharded(self, agent: Any) -> bool: ...
+    def lockstep_passes(self, agent: Any, passes: int) -> int: ...
+    def critic_mesh(self, reads: int | None) -> Any: ...
+    def shard_critic(self, backbone: Any, reads: int | None, bf16: bool) -> None: ...
+    def critic_group(self, reads: int | None) -> Any: ...
+    def lockstep_critic_passes(self, reads: int | None, passes: int) -> int: ...
+    def owns(self, agent: Any) -> bool: ...
+    def owns_critic(self, agent: int | None) -> bool: ...
+    def all_gather(self, obj: Any, what: str, group: Any = None) -> list[Any]: ...
+    def sync(self, what: str, error: BaseException | None = None) -> None: ...
+    def run_once(self, fn: Callable, *args: Any) -> Any: ...
+    def require_one_process(self, message: str) -> None: ...
+    def generate_team(
+        self,
+        agents: list,
+        nodes: list,
+        g: int,
+        settings: Any,
+        autocast_dtype: Any = None,
+        seed: int | None = None,
+        *,
+        generate_team: Callable[..., list[Samples]],
+    ) -> list[Samples]: ...
+    def local_rows(self, batches: list, weights: list[torch.Tensor], num_generations: int) -> tuple[list, list]: ...
+    def reduce_gradients(self, agent: Any, sums: dict[str, float]) -> dict[str, float]: ...
+    def sum_gradients(
+        self, params: list, sums: dict[str, float], group: Any, object_group: Any, what: str
+    ) -> dict[str, float]: ...
+    def sum_metrics(self, sums: dict[str, float], object_group: Any, what: str) -> dict[str, float]: ...
+    def critic_shard(self, agent: int | None) -> tuple[int, int, Any, Any]: ...
+    def merge_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]: ...
+    def save_checkpoint(self, trainer: Any, output_dir: str | os.PathLike | None = None) -> Path: ...
+    def load_checkpoint(self, trainer: Any, path: str | os.PathLike) -> dict: ...
+
+
+class LocalTeam:
+    """The whole team in one process: every agent and every row are local, one replica, nothing sharded; its
+    collectives are identities and it writes everything (a one-process :class:`DistTeam`, without a process group)."""
+
+    def __init__(self, device: torch.device, num_agents: int) -> None:
+        self.rank, self.world_size = 0, 1
+        self.placement, self.device = resolve_placement(num_agents, 1), device
+        self.timeout_s, self.plan = DEFAULT_TIMEOUT_S, None
+        self.local_agents, self.replica = list(range(num_agents)), 0
+        self.objects, self.world_mesh, self.ranks_per_node = None, None, 1
+        self.grad_groups: dict[int, Any] = {}
+        self.object_groups: dict[int, Any] = {}
+        self.meshes: dict[int, Any] = {}
+
+    @property
+    def is_main(self) -> bool:
+        return True
+
+    @property
+    def team_forward(self) -> bool:
+        """True: agents on one LoRA base may run their losses as one routed pass."""
+        return True
+
+    # --- sharding: one process holds each whole agent -----------------------------------------------
+    def shard_agents(self, agents: list, bf16: bool) -> None:
+        """Nothing to shard."""
+
+    def sharded(self, agent: Any) -> bool:
+        return False
+
+    def lockstep_passes(self, agent: Any, passes: int) -> int:
+        return passes
+
+    def critic_mesh(self, reads: int | None) -> Any:
+        return None
+
+    def shard_critic(self, backbone: Any, reads: int | None, bf16: bool) -> None:
+        """Nothing to shard."""
+
+    def critic_group(self, reads: int | None) -> Any:
+        return None
+
+    def lockstep_critic_passes(self, reads: int | None, passes: int) -> int:
+        return passes
+
+    def owns(self, agent: Any) -> bool:
+        return True
+
+    def owns_critic(self, agent: int | None) -> bool:
+        return True
+
+    # --- collectives of one process -------------------------------------------------------------------
+    def all_gather(self, obj: Any, what: str, group: Any = None) -> list[Any]:
+        return [obj]
+
+    def sync(self, what: str, error: BaseException | None = None) -> None:
+        """Raise ``error`` when given (the barrier of one process)."""
+        if error is not None:
+            raise error
+
+    def run_once(self, fn: Callable, *args: Any) -> Any:
+        return fn(*args)
+
+    def require_one_process(self, message: str) -> None:
+        """Nothing to refuse in one process."""
+
+    # --- rollout and update ---------------------------------------------------------------------------
+    def generate_team(
+        self,
+        agents: list,
+        nodes: list,
+        g: int,
+        settings: Any,
+        autocast_dtype: Any = None,
+        seed: int | None = None,
+        *,
+        generate_team: Callable[..., list[Samples]],
+    ) -> list[Samples]:
+        """``generate_team`` on every node."""
+        return generate_team(agents, nodes, g, settings, autocast_dtype, seed=seed)
+
+    def local_rows(self, batches: list, weights: list[torch.Tensor], num_generations: int) -> tuple[list, list]:
+        return batches, weights
+
+    def reduce_gradients(self, agent: Any, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+    def sum_gradients(
+        self, params: list, sums: dict[str, float], group: Any, object_group: Any, what: str
+    ) -> dict[str, float]:
+        return sums
+
+    def sum_metrics(self, sums: dict[str, float], object_group: Any, what: str) -> dict[str, float]:
+        return sums
+
+    def critic_shard(self, agent: int | None) -> tuple[int, int, Any, Any]:
+        """Every row in one shard, no group to sum over."""
+        return 0, 1, None, None
+
+    def merge_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return metrics
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    def save_checkpoint(self, trainer: Any, output_dir: str | os.PathLike | None = None) -> Path:
+        """:func:`comlrl.parallel.checkpoint.save_checkpoint`."""
+        return ck.save_checkpoint(trainer, output_dir)
+
+    def load_checkpoint(self, trainer: Any, path: str | os.PathLike) -> dict:
+        """:func:`comlrl.parallel.checkpoint.load_checkpoint`."""
+        return ck.load_checkpoint(trainer, path)
 
 
 class DistTeam:
@@ -88,6 +275,11 @@ class DistTeam:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def team_forward(self) -> bool:
+        """False: under torchrun each agent's passes are counted and its gradients reduced agent by agent."""
+        return False
 
     # --- sharding (fsdp) ----------------------------------------------------------------------------
     def shard_agents(self, agents: list, bf16: bool) -> None:
@@ -196,6 +388,10 @@ class DistTeam:
     def run_once(self, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` on rank 0 only; every rank returns its result or raises its exception."""
         return run_on_rank0(fn, args, self.objects, self.rank, self._fail)
+
+    def require_one_process(self, message: str) -> None:
+        """Refuse what runs in one process only: raise ConfigError(``message``)."""
+        raise ConfigError(message)
 
     # --- rollout ------------------------------------------------------------------------------------
     def generate_team(
@@ -316,47 +512,44 @@ class DistTeam:
                 merged.setdefault(k, v)
         return merged
 
+    # --- checkpoints: every rank writes its part ------------------------------------------------------
+    def save_checkpoint(self, trainer: Any, output_dir: str | os.PathLike | None = None) -> Path:
+        """:func:`comlrl.parallel.checkpoint.save_checkpoint` for a torchrun job (the same layout, loadable by one
+        process).
+
+        Rank 0 makes the temporary folder; every rank writes and fsyncs the agents and critics it owns and its RNG
+        state; after a barrier that fails everywhere if any rank failed, rank 0 publishes it: a checkpoint is never
+        published half-written.
+        """
+        rng = ck.rng_state()  # first: nothing below may move a generator before it is captured
+        root = Path(output_dir or trainer.args.output_dir)
+        step = trainer.state["step"]
+        tmp = Path(self.run_once(ck.make_tmp, root, step))
+        error = None
+        try:
+            ck.write_parts(trainer, tmp, rng, self.rank, self.owns, self.owns_critic)
+        except Exception as exc:  # noqa: BLE001 -- shared with every rank by sync()
+            error = exc
+        try:
+            self.sync(f"write checkpoint-{step}", error)
+        except BaseException:
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return Path(self.run_once(ck.publish, trainer, tmp, root, step))
+
+    def load_checkpoint(self, trainer: Any, path: str | os.PathLike) -> dict:
+        """Every rank restores its own agents (and its RNG state); only rank 0 rewrites metrics.jsonl."""
+        path = Path(path)
+        # Ranks other than 0 point the metrics truncation at the checkpoint folder, which has no metrics file.
+        meta = ck.load_checkpoint(trainer, path, metrics_dir=None if self.is_main else path)
+        own = path / rng_file(self.rank)
+        if self.rank and own.is_file():  # rank 0's state was restored from rng_state.pt by load_checkpoint
+            ck.set_rng_state(torch.load(own, weights_only=False))
+        self.sync(f"load {path.name}")
+        return meta
+
 
 def rng_file(rank: int) -> str:
     """Rank 0's RNG state is the single-process ``rng_state.pt``; other ranks add their own file."""
     return ck.RNG_FILE if rank == 0 else f"rng_state.rank{rank}.pt"
-
-
-def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -> Path:
-    """:func:`comlrl.parallel.checkpoint.save_checkpoint` for a torchrun job, with its writer (same layout, loadable by one
-    process).
-
-    Rank 0 makes the temporary folder; every rank writes and fsyncs the agents and critics it owns and its RNG state;
-    after a barrier that fails everywhere if any rank failed, rank 0 publishes it: a checkpoint is never published
-    half-written.
-    """
-    team: DistTeam = trainer.dist
-    rng = ck.rng_state()  # first: nothing below may move a generator before it is captured
-    root = Path(output_dir or trainer.args.output_dir)
-    step = trainer.state["step"]
-    tmp = Path(team.run_once(ck.make_tmp, root, step))
-    error = None
-    try:
-        ck.write_parts(trainer, tmp, rng, team.rank, team.owns, team.owns_critic)
-    except Exception as exc:  # noqa: BLE001 -- shared with every rank by sync()
-        error = exc
-    try:
-        team.sync(f"write checkpoint-{step}", error)
-    except BaseException:
-        if team.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return Path(team.run_once(ck.publish, trainer, tmp, root, step))
-
-
-def load_checkpoint(trainer: Any, path: str | os.PathLike) -> dict:
-    """Every rank restores its own agents (and its RNG state); only rank 0 rewrites metrics.jsonl."""
-    team: DistTeam = trainer.dist
-    path = Path(path)
-    # Ranks other than 0 point the metrics truncation at the checkpoint folder, which has no metrics file.
-    meta = ck.load_checkpoint(trainer, path, metrics_dir=None if team.is_main else path)
-    own = path / rng_file(team.rank)
-    if team.rank and own.is_file():  # rank 0's state was restored from rng_state.pt by load_checkpoint
-        ck.set_rng_state(torch.load(own, weights_only=False))
-    team.sync(f"load {path.name}")
-    return meta

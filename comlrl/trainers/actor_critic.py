@@ -20,8 +20,8 @@ from ..algorithms.losses import value_loss
 from ..compat.configs import IACConfig, MAACConfig  # noqa: F401  (the reference's path: its names and defaults)
 from ..compat.keywords import (  # noqa: F401  (RolloutSample: the reference's name)
     RolloutSample,
-    reference_critic,
-    reference_group_reward,
+    compat_critic,
+    compat_group_reward,
 )
 from ..configs.actor_critic import ActorCriticConfig
 from ..engine.critic import ValueModel, encode_texts, joint_action_text, joint_state_text, save_value_head
@@ -104,7 +104,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def __init__(self, *args: Any, critic: Any = None, critic_tokenizer: Any = None, **kwargs: Any) -> None:
         """``critic``: one model source for every critic, or (IAC) a list with one per agent."""
-        critic = reference_critic(critic, kwargs)  # the reference's critic_model= / critics=
+        critic = compat_critic(critic, kwargs)  # the reference's critic_model= / critics=
         self._critic_source, self._critic_tokenizer = critic, critic_tokenizer
         self._critic_batches: list[list[CriticBatch]] = []
         super().__init__(*args, **kwargs)
@@ -156,8 +156,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
         updates = self.total_steps  # one critic update per optimizer step
         agents = {a.index: a for a in self.agents}
         coef = self.args.shared_value_loss_coef  # set only with use_separate_critic=False (the config checks it)
-        if coef is not None and self.dist is not None:
-            raise ConfigError(
+        if coef is not None:
+            self.dist.require_one_process(
                 f"{type(self.args).__name__}.shared_value_loss_coef={coef}: the value loss on the actors' backbones is "
                 "built for one process; under torchrun leave it None (the head trains alone on detached features)."
             )
@@ -172,7 +172,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             # a head on an actor's backbone sits with that actor; IAC's own backbone with its agent; MAAC's on device
             device = self.device if backbone is not None and r is None else self.agent_devices[0 if r is None else r]
             model.to(device)
-            if self.dist is not None and backbone is not None:  # with fsdp: sharded like the agent it serves
+            if backbone is not None:  # with fsdp: sharded like the agent it serves
                 self.dist.shard_critic(model.backbone, r, bool(self.args.bf16))
             tok = load_tokenizer(tok) if tok is not None else agent.tokenizer
             # trained in the actor's step, the head takes the actor's learning rate: AdamW's update is per parameter,
@@ -193,11 +193,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
         *args: Any,
         **kwargs: Any,
     ) -> Episode:
-        """:meth:`MultiAgentTrainer.rollout`; in a reference-style run the reward is called as the reference's IAC /
-        MAAC call it: once per row with each agent's whole group (:func:`reference_group_reward`)."""
-        fn = getattr(reward_func, "reference_fn", None)
+        """:meth:`MultiAgentTrainer.rollout`; in a compat-style run the reward is called as the reference's IAC /
+        MAAC call it: once per row with each agent's whole group (:func:`compat_group_reward`)."""
+        fn = getattr(reward_func, "compat_fn", None)
         if fn is not None:
-            reward_func = reference_group_reward(fn, num_generations)
+            reward_func = compat_group_reward(fn, num_generations)
         return super().rollout(rows, row_ids, settings, num_generations, reward_func, *args, **kwargs)
 
     # ------------------------------------------------------------------ advantages
@@ -216,8 +216,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             metrics[f"critic/{critic.index}/value_mean"] = float(batch.old_values.mean())
             metrics[f"critic/{critic.index}/target_mean"] = float(batch.targets.mean())
         self._critic_batches.append(batches)
-        if self.dist is not None:  # rank 0 writes the metrics: every critic's, wherever it lives
-            metrics.update(self.dist.merge_metrics({k: v for k, v in metrics.items() if k.startswith("critic/")}))
+        # rank 0 writes the metrics: every critic's, wherever it lives
+        metrics.update(self.dist.merge_metrics({k: v for k, v in metrics.items() if k.startswith("critic/")}))
         out = []
         for i in range(self.num_agents):
             adv = per_critic.get(0 if self.centralized else i)
@@ -269,7 +269,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             values = self._forward_values(critic, ids[lo:hi], mask[lo:hi]).cpu() if hi > lo else torch.empty(0)
             mine[critic.index] = {shard: values}
             encoded.append((texts, ids, mask))
-        if self.dist is not None and (self.centralized or self.dist.placement.replicas > 1):  # the same on every rank
+        if self.centralized or self.dist.placement.replicas > 1:  # the same on every rank
             for part in self.dist.all_gather(mine, "exchange critic values"):
                 for index, shards in part.items():
                     if index in mine:
@@ -286,8 +286,6 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def _idle_passes(self, critic: Critic, passes: int, backward: bool) -> None:
         """Under fsdp, the zero-weight one-token passes that bring this rank's count of ``critic`` forwards (and
         backwards) to the most any rank of its mesh runs (each is a collective there)."""
-        if self.dist is None:
-            return
         for _ in range(self.dist.lockstep_critic_passes(critic.reads, passes) - passes):
             ids = torch.ones(1, 1, dtype=torch.long)
             if backward:
@@ -298,7 +296,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _critic_shard(self, critic: Critic) -> tuple[int, int, Any, Any]:
         """(shard, shard count, gradient group, object group) of a critic's rows: see DistTeam.critic_shard."""
-        return self.dist.critic_shard(critic.reads) if self.dist else (0, 1, None, None)
+        return self.dist.critic_shard(critic.reads)
 
     def _forward_values(self, critic: Critic, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         chunk = self.args.forward_batch_size or ids.shape[0]
@@ -327,11 +325,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
             own = not (critic.model.detach_backbone or critic.model.shared_backbone)  # else on the actor's backbone
             folder = root / ("critic" if self.centralized else owner + ("/critic" if own else ""))
             backbone = critic.model.backbone
-            sharded = (
-                own and self.dist is not None and sharding.is_sharded(backbone) and not hasattr(backbone, "peft_config")
-            )
+            sharded = own and sharding.is_sharded(backbone) and not hasattr(backbone, "peft_config")
             full = sharding.full_state_dict(backbone, self.dist.owns_critic(critic.reads)) if sharded else None
-            if self.dist is not None and not self.dist.owns_critic(critic.reads):
+            if not self.dist.owns_critic(critic.reads):
                 continue  # another copy of this critic writes it
             if not own:
                 save_value_head(critic.model, folder, None if folder.name == owner else f"../{owner}")
@@ -361,7 +357,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             critic_metrics[f"critic/{critic.index}/value_loss"] = self._update_critic(critic, batches)
         critic_metrics["time/critic_update"] = time.perf_counter() - start
         self._critic_batches = []
-        return {**metrics, **(self.dist.merge_metrics(critic_metrics) if self.dist else critic_metrics)}
+        return {**metrics, **self.dist.merge_metrics(critic_metrics)}
 
     def _value_backward(self, critic: Critic, batches: list[CriticBatch], scale: float = 1.0) -> float:
         """Backward of ``scale`` x the MSE (optionally clipped) between V and the targets over this process's rows

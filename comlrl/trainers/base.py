@@ -20,19 +20,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..compat.keywords import (
-    callback_metrics,
-    eval_extras,
-    eval_paths,
-    reference_hooks,
-    reference_reward,
-    reference_turn_metrics,
-)
+from ..compat.keywords import callback_metrics, compat_hooks, eval_extras, eval_paths
 from ..configs.fields import own_field
 from ..configs.policy import MAGRPOConfig
 from ..engine.process import release_freed_memory, set_seed
 from ..errors import ConfigError
-from ..parallel import checkpoint, distributed, job, sharding
+from ..parallel import checkpoint, distributed, sharding
 from ..rollout.agent import Agent, apply_formatter
 from ..rollout.episode import (
     Episode,
@@ -68,7 +61,7 @@ class MultiAgentTrainer:
         external_transition: next prompts per agent for multi-turn training (contract:
             :func:`comlrl.rollout.episode.transition`).
         eval_reward_func: reward for evaluate() (default: reward_func).
-        **reference_keywords: the reference library's trainer keywords (model_config, wandb_config, eval_logger,
+        **compat_keywords: the reference library's trainer keywords (model_config, wandb_config, eval_logger,
             eval_aggregator, metrics_callback, dataset_type), see :mod:`comlrl.compat.keywords`.
 
     Construction checks the arguments, builds the team (:func:`comlrl.trainers.build.build_team`) and holds the update
@@ -101,7 +94,7 @@ class MultiAgentTrainer:
         external_transition: Callable | None = None,
         eval_reward_func: Callable | None = None,
         peft_config: Any = None,
-        **reference_keywords: Any,
+        **compat_keywords: Any,
     ) -> None:
         # a copy: resolving defaults (bf16) and per-rank settings never changes the caller's config
         self.args = copy.deepcopy(args) if args is not None else self.config_class()
@@ -109,7 +102,7 @@ class MultiAgentTrainer:
         ours = [
             p for c in type(self).__mro__ if "__init__" in c.__dict__ for p in inspect.signature(c.__init__).parameters
         ]
-        self.hooks = reference_hooks(type(self).__name__, self.args, reference_keywords, ours)
+        self.hooks = compat_hooks(type(self).__name__, self.args, compat_keywords, ours)
         check_engine_available(self.rollout_engine)  # before any model loads: use_vllm without vLLM fails here
         model, num_agents = check_inputs(
             self.args,
@@ -123,10 +116,7 @@ class MultiAgentTrainer:
         set_seed(self.args.seed)
         sources = team_sources(model, agents, num_agents, formatters)
         self.num_agents = len(sources)
-        if getattr(self.args, "_reference_style", False):  # called as the reference calls it (its prompts=)
-            reward_func, eval_reward_func = (
-                f if f is None else reference_reward(f) for f in (reward_func, eval_reward_func)
-            )
+        reward_func, eval_reward_func = self.hooks.reward(reward_func), self.hooks.reward(eval_reward_func)
         self.reward_func, self.reward_processor = reward_func, reward_processor
         self.eval_reward_func = eval_reward_func or reward_func
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
@@ -162,7 +152,7 @@ class MultiAgentTrainer:
         self.history: list[dict] = []
         self.tracker: Tracker | None = None  # metrics.jsonl + report_to sinks, opened by train()
         self._owns_tracker = False
-        if self.dist is not None and not self.dist.is_main:
+        if not self.dist.is_main:
             self.tracker = distributed.NullTracker()  # metrics are written once, by rank 0
             self.args.disable_tqdm = True  # one progress bar per job (this trainer's copy of the args)
 
@@ -382,16 +372,11 @@ class MultiAgentTrainer:
 
     def save_checkpoint(self, output_dir: str | None = None) -> Path:
         """Write ``checkpoint-<step>`` atomically (weights, optimizer, scheduler, RNG, data position, history)."""
-        if self.dist is not None:  # every rank writes its agents; rank 0 renames after all have written
-            return job.save_checkpoint(self, output_dir)
-        return checkpoint.save_checkpoint(self, output_dir)
+        return self.dist.save_checkpoint(self, output_dir)  # under torchrun rank 0 renames after every rank wrote
 
     def load_checkpoint(self, path: str) -> None:
         """Continue from a checkpoint written by :meth:`save_checkpoint` (later metric lines are dropped)."""
-        if self.dist is not None:
-            job.load_checkpoint(self, path)
-            return
-        checkpoint.load_checkpoint(self, path)
+        self.dist.load_checkpoint(self, path)
 
     def training_step(self, batches: Iterator[tuple[list[dict], list[int]]]) -> dict[str, Any]:
         """One optimizer step: ``gradient_accumulation_steps`` rollouts of batches from ``batches`` (fewer when the
@@ -477,8 +462,8 @@ class MultiAgentTrainer:
             reward_processor=self.reward_processor,
             autocast_dtype=self.rollout_dtype,
             seed=seed,
-            generate_fn=functools.partial(d.generate_team, generate_team=generate_team) if d else None,
-            run_once=d.run_once if d else None,
+            generate_fn=functools.partial(d.generate_team, generate_team=generate_team),
+            run_once=d.run_once,
         )
 
     # ------------------------------------------------------------------ metrics
@@ -547,8 +532,7 @@ class MultiAgentTrainer:
         self.last_eval_samples = samples_out
         self.last_eval_episodes = episodes  # every sample, reward and level of the evaluation (comlrl.compare)
         extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), self.args.num_turns)
-        if getattr(self.args, "_reference_style", False):  # the reference's per-turn keys as well
-            extras = {**reference_turn_metrics(episodes, self.args.num_turns), **extras}
+        extras = {**self.hooks.turn_metrics(episodes, self.args.num_turns), **extras}
         if contributions:
             extras.update(contribution_metrics([s["contribution"] for s in samples_out]))
         return {**self._merge_evaluation(episodes), **extras}
@@ -567,9 +551,9 @@ class MultiAgentTrainer:
         root = Path(output_dir or self.args.output_dir)
         paths = []
         for a in self.agents:
-            sharded = self.dist is not None and self.dist.sharded(a)
+            sharded = self.dist.sharded(a)
             full = sharding.full_state_dict(a.model, self.dist.owns(a)) if sharded and gather_sharded else None
-            if self.dist is not None and not self.dist.owns(a):
+            if not self.dist.owns(a):
                 continue  # another replica of this agent writes it
             path = root / a.name
             if a.adapter is not None:  # PEFT writes a non-default adapter to root/<adapter name> == path
@@ -581,7 +565,7 @@ class MultiAgentTrainer:
                     a.model.save_pretrained(path)
             a.tokenizer.save_pretrained(path)
             paths.append(str(path))
-        if self.dist is None or self.dist.is_main:
+        if self.dist.is_main:
             root.mkdir(parents=True, exist_ok=True)
             (root / "comlrl_config.json").write_text(
                 json.dumps(

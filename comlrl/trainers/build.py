@@ -12,10 +12,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from ..engine.models import check_vocab, copy_model, disable_dropout, load_model, load_tokenizer
-from ..engine.process import default_bf16, limit_heap_fragmentation, native_bf16, resolve_device
+from ..engine.process import default_bf16, limit_heap_fragmentation, native_bf16
 from ..engine.team import adapter_parameters, build_lora_team
 from ..errors import ConfigError, FormatterError
 from ..parallel import distributed, job, sharding
+from ..parallel.job import ProcessTeam
 from ..parallel.sharding import is_shard
 from ..rollout.agent import Agent, Formatter
 from ..rollout.episode import check_transition
@@ -82,16 +83,12 @@ def source_groups(sources: list, devices: Sequence[Any] | None = None) -> list[i
     ]
 
 
-def resolve_agent_devices(names: Sequence[str] | None, num_agents: int, launched: bool) -> list[torch.device] | None:
-    """Each agent's device from ``agent_devices`` (one name per agent), checked against the team, torchrun
-    (``launched``) and the machine; None when not set (every agent then on the trainer's device)."""
+def resolve_agent_devices(names: Sequence[str] | None, num_agents: int) -> list[torch.device] | None:
+    """Each agent's device from ``agent_devices`` (one name per agent), checked against the team and the machine;
+    None when not set (every agent then on the trainer's device). Under torchrun :func:`comlrl.parallel.job.setup`
+    refuses it."""
     if names is None:
         return None
-    if launched:
-        raise ConfigError(
-            f"agent_devices={list(names)} places agents in one process; under torchrun (WORLD_SIZE > 1) each rank "
-            "holds its own agents: set placement (agent index -> rank) and leave agent_devices None."
-        )
     if len(names) != num_agents:
         raise ConfigError(f"agent_devices has {len(names)} entries for {num_agents} agents: give one device per agent.")
     devices = [torch.device(n) for n in names]
@@ -232,7 +229,7 @@ class Team:
     formatter, optimizer and schedule, :class:`~comlrl.rollout.agent.Agent`)."""
 
     sources: list  # every agent's model source, also those on other ranks
-    dist: Any  # comlrl.parallel.job.DistTeam under torchrun (WORLD_SIZE > 1), else None
+    dist: ProcessTeam  # this process's part: a LocalTeam in one process, a DistTeam under torchrun
     device: torch.device  # the trainer's device
     agent_devices: list[torch.device]  # agent index -> the device of its model, optimizer state, reference and critic
     output_dir_named: bool  # whether the config named output_dir (else a fresh folder was picked)
@@ -241,7 +238,7 @@ class Team:
     @property
     def local(self) -> list[int]:
         """The indices of the agents whose weights live in this process (every agent outside torchrun)."""
-        return self.dist.local_agents if self.dist else list(range(len(self.sources)))
+        return self.dist.local_agents
 
 
 def build_team(
@@ -271,22 +268,18 @@ def build_team(
     n = len(sources)
     if args.agent_devices is not None and not agent_devices_ok:
         raise ConfigError(f"{trainer} does not take agent_devices yet; set device= for the team.")
-    # checked before torchrun's process group would wait for the other ranks
-    named_devices = resolve_agent_devices(args.agent_devices, n, distributed.launched())
-    dist = job.setup(args, n)  # None outside torchrun; else this rank holds only the agents placed on it
-    if dist is not None and not distributed_ok:
-        raise ConfigError(f"{trainer} does not run under torchrun yet; launch it as one process.")
+    dist = job.setup(args, n)  # under torchrun this rank holds only the agents placed on it
+    if not distributed_ok:
+        dist.require_one_process(f"{trainer} does not run under torchrun yet; launch it as one process.")
+    named_devices = resolve_agent_devices(args.agent_devices, n)
     plan = sharding.sharding_plan(args.fsdp, args.fsdp_config)
-    if plan is not None and dist is None:
-        log.info("fsdp=%r outside torchrun: one process holds each whole agent (nothing to shard)", args.fsdp)
     if plan is not None and plan.activation_checkpointing:
         args.gradient_checkpointing = True
     named = args.output_dir is not None
     if not named:  # one fresh folder per run, the same on every rank
         args.output_dir = distributed.run_once(fresh_output_dir, trainer.removesuffix("Trainer").lower())
         log.info("output_dir not set: this run writes to %s", args.output_dir)
-    device = dist.device if dist else resolve_device(args.device)
-    team = Team(sources, dist, device, named_devices or [device] * n, named)
+    team = Team(sources, dist, dist.device, named_devices or [dist.device] * n, named)
     used = list(dict.fromkeys(team.agent_devices))  # the devices that hold models, in agent order
     resolve_bf16(args, used)
     if any(d.type == "cpu" for d in used):
@@ -324,8 +317,7 @@ def build_team(
     for a in team.agents:
         if reference and a.adapter is None:
             a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
-    if dist is not None:  # with fsdp: agents on several ranks are sharded over them (params replaced)
-        dist.shard_agents(team.agents, bool(args.bf16))
+    dist.shard_agents(team.agents, bool(args.bf16))  # with fsdp: an agent on several ranks is sharded over them
     for a in team.agents:
         a.optimizer, a.scheduler = build_optimizer(a.params, args, args.learning_rate, updates)
     return team

@@ -45,18 +45,20 @@ PREFIX = "eval/contribution/"
 
 def check_contributions(trainer: Any) -> None:
     """Fail unless ``trainer`` can measure contributions, saying why and what to change."""
+    what = "eval_contributions / evaluate(contributions=True)"
     why = None
     if trainer.args.num_turns > 1:
         why = (
             f"num_turns={trainer.args.num_turns}: contributions are measured on the first turn only, and a later "
             "turn's prompts depend on the answers replaced; evaluate with num_turns=1"
         )
-    elif trainer.dist is not None:
-        why = "under torchrun each process holds only some agents; evaluate in one process"
     elif trainer.rollout_engine == VLLM:
         why = "vLLM rollouts hold no untrained copy of the agents' models; set use_vllm=False for this evaluation"
     if why:
-        raise ConfigError(f"eval_contributions / evaluate(contributions=True): {why}.")
+        raise ConfigError(f"{what}: {why}.")
+    trainer.dist.require_one_process(
+        f"{what}: under torchrun each process holds only some agents; evaluate in one process."
+    )
 
 
 def add_contributions(

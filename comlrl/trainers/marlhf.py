@@ -19,12 +19,12 @@ import copy
 import dataclasses
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from ..compat.configs import carry_compat_style
 from ..configs.base import TrainConfig
 from ..configs.fields import suggest
 from ..configs.preference import MARLHFConfig
@@ -37,6 +37,7 @@ from ..engine.reward_model import (
 )
 from ..engine.reward_pairs import readable_pairs, split_pairs_by_prompt
 from ..errors import ConfigError
+from ..parallel import distributed
 from ..rollout.sampling import derive_seed
 from ..tracking import fresh_output_dir
 from .actor_critic import IACTrainer, MAACTrainer
@@ -84,9 +85,7 @@ def rl_config(args: MARLHFConfig) -> TrainConfig:
         rl = cls(**values, **args.rl_args)
     except ConfigError as exc:
         raise ConfigError(f"MARLHFConfig.rl_args ({cls.__name__}): {exc}") from exc
-    # a reference-style MARLHF config calls the task reward as the reference does in every stage (comlrl.compat)
-    object.__setattr__(rl, "_reference_style", getattr(args, "_reference_style", False))
-    return rl
+    return carry_compat_style(args, rl)
 
 
 def _untrained_reward(*_: Any, **__: Any) -> list[float]:
@@ -126,8 +125,7 @@ class MARLHFTrainer:
         args = args if args is not None else MARLHFConfig()
         if not isinstance(args, MARLHFConfig):
             raise ConfigError(f"MARLHFTrainer needs args=MARLHFConfig(...), got {type(args).__name__}.")
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError("MARLHFTrainer does not run under torchrun yet; launch it as one process.")
+        distributed.require_one_process("MARLHFTrainer does not run under torchrun yet; launch it as one process.")
         if args.output_dir is None:  # one fresh folder for all three stages (pairs, reward model, RL)
             args = copy.deepcopy(args)  # the caller's config stays as given
             args.output_dir = fresh_output_dir("marlhf")

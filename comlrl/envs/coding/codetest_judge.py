@@ -58,10 +58,10 @@ class MutantSet:
     equivalent: int = 0  # passed every hidden assert
     trivial: int = 0  # raised on every hidden assert
     dropped: int = 0  # timed out or failed to load
-    hidden_ok: tuple[str, ...] = ()  # the hidden asserts that pass on the reference (the filter)
+    hidden_ok: tuple[str, ...] = ()  # the hidden asserts that pass on the canonical solution (the filter)
     foils: tuple[Foil, ...] = ()  # every foil (they decide which asserts depend on the function)
     kept_foils: tuple[Foil, ...] = ()  # the foils that fail a hidden assert: wrong functions
-    hidden_verdict: str = "strict"  # how agent 1's hidden tests run ('split' only when the reference needed it)
+    hidden_verdict: str = "strict"  # agent 1's hidden tests' verdict ('split' only if the canonical solution needs it)
 
     @property
     def judges(self) -> tuple[Mutant | Foil, ...]:
@@ -86,7 +86,7 @@ class CodeTestJudgement:
     hidden: list[str] = field(default_factory=list)  # status of each hidden test on agent 1's function
     hidden_shared: bool = False  # agent 1's hidden tests ran in one interpreter (the problem needs it)
     own: list[str] = field(default_factory=list)  # status of each parsed assert on agent 1's function
-    on_reference: list[str] = field(default_factory=list)  # status of each parsed assert on the reference
+    on_canonical: list[str] = field(default_factory=list)  # status of each parsed assert on the canonical solution
     interpreter: list[bool] = field(default_factory=list)  # the assert passed the function non-data
     on_judges: list[list[str]] = field(default_factory=list)  # [judge][assert] statuses (mutants or foils)
     on_foils: list[list[str]] = field(default_factory=list)  # [foil][assert] (asserts not yet decided only)
@@ -106,7 +106,7 @@ class CodeTestJudgement:
 
     @property
     def valid_tests(self) -> list[str]:
-        """The sharp asserts: pass on the reference and catch a wrong function (what agent 1 is held to)."""
+        """The sharp asserts: pass on the canonical solution and catch a wrong function (what agent 1 is held to)."""
         return self.tests_of("sharp")
 
     @property
@@ -119,26 +119,26 @@ class CodeTestJudgement:
         seen: set[tuple] = set()
         self.kind = []
         for i, test in enumerate(self.asserts.tests):
-            ref = self.on_reference[i] if i < len(self.on_reference) else "missing"
+            canonical = self.on_canonical[i] if i < len(self.on_canonical) else "missing"
             on_judges = [row[i] for row in self.on_judges]
             on_foils = [row[i] for row in self.on_foils if row[i] != "skipped"]
             if self.interpreter[i]:
                 kind = "interpreter"
-            elif ref == "missing":
+            elif canonical == "missing":
                 kind = "invalid"
             elif self_compared(test):
                 kind = "uninformative"
-            elif ref == "passed" and "failed" not in [*on_judges, *on_foils]:
+            elif canonical == "passed" and "failed" not in [*on_judges, *on_foils]:
                 # no wrong function made its condition false: it only ever passed or raised (f(x)[0] == f(x)[:1]
                 # raises on a function returning None), so it checks nothing about what the function returns
                 kind = "uninformative"
-            elif ref != "passed":
+            elif canonical != "passed":
                 kind = "invalid"
             elif judges and _catches(on_judges, self.mutants):
                 kind = "sharp"
             else:
                 kind = "weak"
-            key = (_calls_of(test, self.task.entry_point), ref, tuple(on_judges))
+            key = (_calls_of(test, self.task.entry_point), canonical, tuple(on_judges))
             if kind in ("sharp", "weak", "invalid") and key in seen:
                 kind = "repeated"  # the same calls with the same verdicts: one test, respelled
             seen.add(key)
@@ -210,12 +210,12 @@ def _catches(statuses_on_judges: list[str], mutants: MutantSet) -> bool:
 
 
 def _undecided(j: CodeTestJudgement) -> tuple[str, ...]:
-    """The asserts that passed on the reference and whose condition no judge made false: the other foils decide
+    """The asserts that passed on the canonical solution and whose condition no judge made false: the other foils decide
     whether they test anything."""
     return tuple(
         t
         for i, t in enumerate(j.asserts.tests)
-        if j.on_reference[i] == "passed" and not j.interpreter[i] and all(row[i] != "failed" for row in j.on_judges)
+        if j.on_canonical[i] == "passed" and not j.interpreter[i] and all(row[i] != "failed" for row in j.on_judges)
     )
 
 
@@ -295,10 +295,10 @@ class CodeTestReward(TeamReward):
                 if key not in self._mutants:
                     todo[key] = task
         if todo:
-            # 1. the reference against every hidden test (which pass; whether they need one interpreter);
-            # 2. every candidate mutant and foil against the hidden asserts that pass on the reference.
+            # 1. the canonical solution against every hidden test (which pass; whether they need one interpreter);
+            # 2. every candidate mutant and foil against the hidden asserts that pass on the canonical solution.
             picked = {key: hidden_assert_indices(task, self.max_tests) for key, task in todo.items()}
-            ref_results = self._run(
+            canonical_results = self._run(
                 {key: self._job(task.reference, task.tests, task, "split") for key, task in todo.items()}
             )
             filters: dict[tuple, tuple[str, ...]] = {}
@@ -307,7 +307,7 @@ class CodeTestReward(TeamReward):
             foils = {key: make_foils(task.entry_point, task.reference) for key, task in todo.items()}
             jobs = {}
             for key, task in todo.items():
-                result = ref_results[key]
+                result = canonical_results[key]
                 status = statuses(result, len(task.tests))
                 filters[key] = tuple(task.tests[i].strip() for i in picked[key] if status[i] == "passed")
                 verdicts[key] = "split" if result is not None and result.info.get("verdict") == "shared" else "strict"
@@ -370,13 +370,13 @@ class CodeTestReward(TeamReward):
         return agent_completions[0][idx], agent_completions[1][idx]
 
     def judge(self, agent_completions: list[list[str]], rows: list[dict]) -> list[CodeTestJudgement]:
-        """Judge L joint answers; two parallel sandbox rounds: (agent 1, reference) and then the mutants."""
+        """Judge L joint answers; two parallel sandbox rounds: (agent 1, canonical solution) and then the mutants."""
         n = len(rows)
         tasks = [task_from_row(r) for r in rows]
         for task in tasks:
             if not task.reference.strip():
                 raise ComlrlError(
-                    f"codetest: problem {task.task_id!r} has no reference solution (MBPP 'code' or HumanEval "
+                    f"codetest: problem {task.task_id!r} has no canonical solution (MBPP 'code' or HumanEval "
                     "'canonical_solution'); validity and mutants need one. Load rows with env.load_dataset()."
                 )
         judgements: list[CodeTestJudgement | None] = [None] * n
@@ -397,7 +397,7 @@ class CodeTestReward(TeamReward):
         return judgements  # type: ignore[return-value]
 
     def _run_programs(self, js: list[CodeTestJudgement]) -> None:
-        """Round 1: agent 1 on the hidden tests (its own job) and on the asserts, the reference and each wrong
+        """Round 1: agent 1 on the hidden tests (its own job) and on the asserts, the canonical solution and each wrong
         function on the asserts (all model-written tests in the strict verdict). Round 2: the other foils on the
         asserts that nothing failed yet (do they depend on the function at all?)."""
         mutant_sets = self.mutants_for([j.task for j in js])
@@ -428,13 +428,13 @@ class CodeTestReward(TeamReward):
                 continue
             own = results.get(("own", j.program, tests, task))
             j.own = statuses(own, n) if own is not None else ["missing"] * n
-            ref = results[("on", task.reference, tests, task)]
-            j.on_reference = statuses(ref, n)
-            j.invalid_messages = messages(ref, n)
+            canonical = results[("on", task.reference, tests, task)]
+            j.on_canonical = statuses(canonical, n)
+            j.invalid_messages = messages(canonical, n)
             on_judges = [results[("on", w.source, tests, task)] for w in j.mutants.judges]
             j.on_judges = [statuses(r, n) for r in on_judges]
-            # an assert that passed the reference or a wrong function non-data needs an interpreter: not counted
-            j.interpreter = [any(r) for r in zip(*(shared_reasons(r, n) for r in (ref, *on_judges)))]
+            # an assert that passed the canonical solution or a wrong function non-data needs an interpreter: uncounted
+            j.interpreter = [any(r) for r in zip(*(shared_reasons(r, n) for r in (canonical, *on_judges)))]
             undecided = _undecided(j)
             if undecided:
                 for foil in j.mutants.foils:
