@@ -14,8 +14,8 @@ from comlrl.engine.team import reference_mode
 from comlrl.errors import ConfigError
 from comlrl.trainers import dpo_update
 from comlrl.trainers.madpo import MADPOTrainer
-from comlrl.trainers.optim import OptimizerStep
 from comlrl.trainers.pairs import read_jsonl, shard_path, snapshot_rounds
+from comlrl.trainers.update import OptimizerStep
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(8)]
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

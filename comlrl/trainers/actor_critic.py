@@ -35,8 +35,7 @@ from ..rollout.episode import Episode, joint_indices
 from ..rollout.sampling import derive_seed
 from .base import MultiAgentTrainer
 from .build import Team, build_optimizer, build_tokenizers
-from .optim import OptimizerStep, optimizer_step
-from .update import PolicyUpdate
+from .update import OptimizerStep, PolicyUpdate, optimizer_step
 
 
 @dataclass

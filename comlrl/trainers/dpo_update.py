@@ -1,6 +1,6 @@
 """The update of MADPO (:class:`comlrl.trainers.madpo.MADPOTrainer` holds it as ``update``): the team DPO loss over a
 step's micro-batches of preference pairs, each agent's gradient through its own log-ratio term, then each agent's
-optimizer step (:func:`comlrl.trainers.optim.optimizer_step`). The loss math is
+optimizer step (:func:`comlrl.trainers.update.optimizer_step`). The loss math is
 :func:`comlrl.algorithms.preference.team_dpo_loss`.
 """
 
@@ -15,8 +15,8 @@ from ..algorithms.preference import sequence_logps, team_dpo_loss
 from ..engine.logprobs import completion_logprobs
 from ..engine.team import active_adapter, reference_mode
 from ..rollout.agent import Agent
-from .optim import optimizer_step
 from .pairs import add_pair_sums, eval_mode, pair_metrics, pair_tensors
+from .update import optimizer_step
 
 
 class DPOUpdate:

@@ -13,7 +13,7 @@ from ..algorithms.preference import bradley_terry_loss, pair_accuracy
 from ..engine.reward_model import JointRewardModel, pair_scores, score_pairs
 from ..engine.reward_pairs import check_pairs
 from ..errors import ConfigError
-from .optim import optimizer_step
+from .update import optimizer_step
 
 
 def train_reward_model(

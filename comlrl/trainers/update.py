@@ -2,7 +2,8 @@
 chunk (agents of a LoRA team in one routed pass), then its optimizer step; ``num_iterations`` passes per step.
 
 :class:`PolicyUpdate` is the component :class:`comlrl.trainers.base.MultiAgentTrainer` holds as ``update``; the loss
-math is :func:`comlrl.algorithms.losses.policy_loss`, the step :func:`comlrl.trainers.optim.optimizer_step`.
+math is :func:`comlrl.algorithms.losses.policy_loss`, the step :func:`optimizer_step`, the one every update
+of the package ends with (the critic's, DPO's and the reward model's too).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from ..engine.process import release_freed_memory
 from ..engine.team import active_adapter, can_route, reference_mode, trainable
 from ..parallel import sharding
 from ..parallel.job import ProcessTeam
+from ..parallel.sharding import is_shard
 from ..rollout.agent import Agent
 from ..rollout.episode import Episode
 from .metrics import iteration_metrics
-from .optim import OptimizerStep, optimizer_step
 
 
 @dataclass
@@ -353,3 +354,41 @@ class PolicyUpdate:
             max_grad_norm=self.args.max_grad_norm,
             scheduler=agent.scheduler,
         )
+
+
+@dataclass
+class OptimizerStep:
+    """What one step reports: the gradients' total 2-norm before clipping and the learning rate of the next step."""
+
+    grad_norm: float
+    lr: float
+
+
+def optimizer_step(
+    *,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    max_grad_norm: float | None,
+    scheduler: Any = None,
+) -> OptimizerStep:
+    """Clip the gradients of ``params`` to total norm ``max_grad_norm`` (None, 0 or below: no clipping), step the
+    optimizer, then ``scheduler`` (when given), and set the gradients to None.
+
+    FSDP shards (DTensors) count with their whole tensor: a shard's norm is combined over its mesh, and a mix of
+    sharded and whole parameters (a sharded critic's value head) is clipped over all of them at once.
+    """
+    clip = max_grad_norm if max_grad_norm and max_grad_norm > 0 else None
+    shards = sum(1 for p in params if is_shard(p))
+    if 0 < shards < len(params):  # torch's norm cannot stack a DTensor's norm with a tensor's
+        norm = sharding.clip_grad_norm_(params, clip)
+    elif clip is not None:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    norm = float(norm.full_tensor() if is_shard(norm) else norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    lr = scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"]
+    return OptimizerStep(norm, lr)

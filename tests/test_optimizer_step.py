@@ -1,11 +1,11 @@
-"""The one optimizer step every update takes (:func:`comlrl.trainers.optim.optimizer_step`), on a model small enough
+"""The one optimizer step every update takes (:func:`comlrl.trainers.update.optimizer_step`), on a model small enough
 to check by hand: Linear(2 -> 1) without bias, input (3, 4), loss = the output, so the gradient is (3, 4), norm 5."""
 
 import pytest
 import torch
 
-from comlrl.trainers import optim
-from comlrl.trainers.optim import OptimizerStep, optimizer_step
+from comlrl.trainers import update as optim
+from comlrl.trainers.update import OptimizerStep, optimizer_step
 
 
 def model_with_gradient() -> torch.nn.Linear:
