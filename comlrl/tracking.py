@@ -1,9 +1,7 @@
 """Where metrics go: always a JSONL file in the run directory; TensorBoard and Weights & Biases when asked.
 
-``metrics.jsonl`` has one JSON object per logged step (``step`` plus the metric names the trainer emits:
-``reward/mean``, ``reward/std``, ``reward/level/<name>``, ``agent/<i>/policy/pg_loss``, ``agent/<i>/policy/kl``,
-``agent/<i>/completion/mean_length``, ``perf/rollout_tokens_per_s``, ``time/<phase>``, and ``eval/...`` on
-evaluation steps). Evaluation samples go to ``samples/<tag>.jsonl``. ``run_info.json`` names the trainer
+``metrics.jsonl`` has one JSON object per logged step: ``step`` plus the metric keys the trainer emits (every
+key, what it measures and when it is logged: the Metrics page of the documentation, ``docs/metrics.md``). Evaluation samples go to ``samples/<tag>.jsonl``. ``run_info.json`` names the trainer
 class and holds the ``config`` the tracker was given, so a report can name a Python-API run's algorithm.
 
 One directory holds one run's metrics: a tracker refuses a directory whose ``metrics.jsonl`` already has lines

@@ -218,11 +218,12 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
             [(samples, adv[a.index][0])],
             loss_weights([samples.completion_mask], "token_mean"),
             FrozenLogprobs(),
+            float(samples.completion_mask.sum()),  # the tokens the entropy is a mean over
         )
     team_sums = t.update._accumulate_team(t.agents, data, 0)
     team = [[p.grad.clone() for p in a.params] for a in t.agents]
     for a in t.agents:
-        batches, w, _ = data[a.index]
+        batches, w, _, _ = data[a.index]
         sums = t.update._accumulate_agent(a, batches, w, FrozenLogprobs(), 0)
         for k, v in sums.items():
             assert abs(team_sums[a.index][k] - v) <= 1e-2 * max(abs(v), 1e-3), (a.index, k)

@@ -157,7 +157,12 @@ def test_bf16_training_forward_runs_eager_attention_and_matches_sdpa():
     torch.testing.assert_close(trained[mask], reference[mask], atol=3e-2, rtol=0)
     torch.testing.assert_close(trained[mask], fp32[mask], atol=5e-2, rtol=0)
     (trained * c_mask).sum().backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    bf16_grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    (completion_logprobs(model, p_ids, p_mask, c_ids, c_mask) * c_mask).sum().backward()
+    fp32_grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+    # the eager bf16 backward follows the fp32 gradient up to bf16 rounding
+    assert float(torch.nn.functional.cosine_similarity(bf16_grad, fp32_grad, dim=0)) > 0.99
 
 
 def test_bf16_training_forward_with_gradient_checkpointing_keeps_its_attention():
@@ -489,3 +494,57 @@ def test_importance_weight_compares_the_sampler_logprobs():
     assert m["rollout_is_weight"].item() == pytest.approx(0.25 + 0.5 * math.exp(0.25))
     assert m["rollout_is_filtered"].item() == pytest.approx(0.25)
     assert m["rollout_kl"].item() == pytest.approx(0.5 * (-0.5 + 0.25))
+
+
+def test_token_entropy_by_hand():
+    """Uniform over V tokens: log V; one token certain: 0; p = (1/4, 3/4): -(1/4 log 1/4 + 3/4 log 3/4); a -inf logit
+    adds nothing."""
+    from comlrl.algorithms.losses import token_entropy
+
+    torch.testing.assert_close(token_entropy(torch.zeros(2, 3, 7)), torch.full((2, 3), math.log(7)))
+    peaked = torch.full((5,), -1e4)
+    peaked[2] = 0.0
+    assert float(token_entropy(peaked)) == pytest.approx(0.0, abs=1e-6)
+    two = torch.log(torch.tensor([0.25, 0.75]))
+    assert float(token_entropy(two)) == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+    assert float(token_entropy(torch.tensor([1.0, 1.0, -math.inf]))) == pytest.approx(math.log(2))
+    assert float(token_entropy(torch.tensor([3.0, 3.0]) * 10)) == pytest.approx(math.log(2))  # shift-invariant
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 20])
+def test_head_logprobs_entropy_from_each_chunks_logits(keep_bytes):
+    """The chunked output layer's entropy equals the entropy of the full logits; asking for it changes neither the
+    log-probs nor their gradients, and it carries no gradient."""
+    from comlrl.accel.head import head_logprobs
+    from comlrl.algorithms.losses import token_entropy
+
+    torch.manual_seed(1)
+    h, w = torch.randn(10, 32, requires_grad=True), torch.randn(259, 32)
+    labels = torch.randint(0, 259, (10,))
+    logp, ent = head_logprobs(h, w, bias=None, labels=labels, chunk=3, keep_bytes=keep_bytes, entropy=True)
+    plain = head_logprobs(h, w, bias=None, labels=labels, chunk=3, keep_bytes=keep_bytes)
+    torch.testing.assert_close(ent, token_entropy(h.detach() @ w.T))
+    torch.testing.assert_close(logp, plain)
+    assert not ent.requires_grad
+    torch.testing.assert_close(torch.autograd.grad(logp.sum(), h)[0], torch.autograd.grad(plain.sum(), h)[0])
+
+
+def test_completion_logprobs_entropy_on_the_chunked_and_the_logits_path():
+    """completion_logprobs(entropy=True): each completion position's entropy of softmax(logits / T), 0 on padding,
+    through the chunked head (a Llama layout) and through the model's own logits (a LoRA-wrapped head)."""
+    from peft import LoraConfig, get_peft_model
+
+    from comlrl.algorithms.losses import token_entropy
+    from comlrl.engine.logprobs import _decoder_and_head
+
+    p_ids, p_mask, c_ids, c_mask, _ = batch(extra_left=1, extra_right=2)
+    headed = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, target_modules=["lm_head", "q_proj"]))
+    for model in (tiny_model(seed=4), headed):
+        ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+        want = token_entropy(logits[:, p_ids.shape[1] - 1 : -1] / 0.7) * c_mask
+        logp, ent = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=0.7, entropy=True)
+        torch.testing.assert_close(ent, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logp, completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=0.7))
+        assert (_decoder_and_head(model) is None) == (model is headed)

@@ -190,10 +190,39 @@ def test_loss_types_trl_names_and_hand_computed_normalizations():
         MAGRPOConfig(loss_type="dr_grp")
 
 
-@pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "grpo"])
-def test_trl_loss_types_train(loss_type):
-    out = make(loss_type=loss_type, gradient_accumulation_steps=2).train()
-    assert math.isfinite(out["history"][-1]["agent/0/policy/pg_loss"])
+def ord_reward(a, b):
+    return [float(sum(map(ord, a[0])) % 7 - sum(map(ord, b[0])) % 5)]
+
+
+def test_trl_loss_types_give_their_hand_computed_losses_on_one_step():
+    """Two rollouts of 4 completions cut to different lengths, REINFORCE advantages (not zero-sum): the step's
+    pg_loss (ratio 1) is -sum_b A_b * (b's share of the loss weight). grpo: 1/n per sequence; dr_grpo:
+    len_b / (n * max_new_tokens); bnpo: len_b / (tokens of b's rollout), the rollouts averaged. The three differ, and
+    each step moves the agent's parameters."""
+    got, want = {}, {}
+    for loss_type in ("grpo", "dr_grpo", "bnpo"):
+        t = make(loss_type=loss_type, advantage_mode="none", mask_truncated_completions=False, max_new_tokens=6)
+        buffer = []
+        for r in range(2):
+            ep = t.rollout(ROWS[2 * r : 2 * r + 2], [2 * r, 2 * r + 1], t.generation_settings(), 2, ord_reward, seed=r)
+            for s in ep.turns[0].samples:  # lengths 1..4 (2..5 in the second rollout) where the answers are longer
+                cut = torch.arange(s.completion_mask.shape[1])[None] < torch.arange(1 + r, 5 + r)[:, None]
+                s.completion_mask = s.completion_mask * cut
+            buffer.append((ep, t.compute_advantages(ep, {})))
+        adv = [a[0][0] for _, a in buffer]  # agent 0, turn 1, per rollout
+        lengths = [ep.turns[0].samples[0].completion_mask.sum(dim=1).float() for ep, _ in buffer]
+        n = sum(len(a) for a in adv)
+        assert all(float(a.abs().sum()) > 0 for a in adv) and len(set(torch.cat(lengths).tolist())) > 2
+        want[loss_type] = {
+            "grpo": -float(sum(a.sum() for a in adv)) / n,
+            "dr_grpo": -float(sum((a * ln).sum() for a, ln in zip(adv, lengths))) / (n * 6),
+            "bnpo": -sum(float((a * ln).sum() / ln.sum()) for a, ln in zip(adv, lengths)) / 2,
+        }[loss_type]
+        before = [p.detach().clone() for p in t.agents[0].params]
+        got[loss_type] = t.update.optimize(buffer)["agent/0/policy/pg_loss"]
+        assert any(not torch.equal(p, q) for p, q in zip(t.agents[0].params, before))
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert len({round(v, 6) for v in want.values()}) == 3, want
 
 
 def test_turn_weighting_turns_weighs_each_turn_alike():

@@ -8,11 +8,14 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from ..algorithms.losses import token_entropy
 from .shapes import pad_rows
 
 
 class _HeadLogprobs(torch.autograd.Function):
     """log softmax(h W^T + b)[label] per row; fp32 softmax statistics ``chunk`` rows at a time.
+
+    With ``entropy``, also each row's entropy of softmax(logits) (no gradient), from the same chunks of logits.
 
     Backward needs softmax(logits). When the (N, V) logits fit in ``keep_bytes`` (in the matmul dtype) they are
     computed in one matmul and kept; backward turns them into d logp / d logits in place and runs one matmul per
@@ -29,7 +32,8 @@ class _HeadLogprobs(torch.autograd.Function):
         dtype: torch.dtype,
         chunk: int,
         keep_bytes: int,
-    ) -> torch.Tensor:
+        entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.dtype, ctx.chunk = dtype, chunk
         n = hidden.shape[0]
@@ -37,6 +41,7 @@ class _HeadLogprobs(torch.autograd.Function):
         acc = torch.promote_types(dtype, torch.float32)  # softmax statistics: fp32 (fp64 for fp64 inputs)
         out = torch.empty(n, dtype=acc, device=hidden.device)
         lse = torch.empty(n, dtype=acc, device=hidden.device)
+        ent = torch.empty(n if entropy else 0, dtype=acc, device=hidden.device)
         keep = n * weight.shape[0] * torch.finfo(dtype).bits // 8 <= keep_bytes
         with torch.autocast(hidden.device.type, enabled=False):
             kept = F.linear(hidden.to(dtype), w, b) if keep else None  # (N, V)
@@ -45,11 +50,14 @@ class _HeadLogprobs(torch.autograd.Function):
                 wide = logits.to(acc)
                 lse[lo : lo + chunk] = wide.logsumexp(-1)
                 out[lo : lo + chunk] = wide.gather(-1, labels[lo : lo + chunk, None])[:, 0] - lse[lo : lo + chunk]
+                if entropy:
+                    ent[lo : lo + chunk] = token_entropy(wide)
         ctx.kept, ctx.lse = kept, lse
-        return out
+        ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor, _entropy_grad: torch.Tensor):
         hidden, weight, bias, labels = ctx.saved_tensors
         dtype, chunk, kept, lse = ctx.dtype, ctx.chunk, ctx.kept, ctx.lse
         ctx.kept = None  # overwritten below: a second backward (retain_graph) recomputes the logits instead
@@ -93,6 +101,7 @@ class _HeadLogprobs(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -105,7 +114,8 @@ def head_logprobs(
     dtype: torch.dtype | None = None,
     chunk: int | None = None,
     keep_bytes: int = 64 << 20,
-) -> torch.Tensor:
+    entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log p(labels) under an output layer: (N, H) hidden states, (V, H) weight, (N,) labels -> (N,) fp32 (fp64 if
     ``dtype`` is fp64).
 
@@ -113,15 +123,17 @@ def head_logprobs(
     softmax statistics in fp32), without a full fp32 copy of the logits: fp32 temporaries exist ``chunk`` rows at a
     time. ``dtype``: compute dtype of the matmuls (default: the weight's); ``chunk``: default ~16 MB of fp32 logits.
     Logits are kept for backward (in ``dtype``) if they fit in ``keep_bytes``, else recomputed chunk by chunk
-    (memory bounded whatever N).
+    (memory bounded whatever N). ``entropy``: also return each row's entropy of softmax(logits) (N,), detached,
+    computed from each chunk's logits where the forward has them (no further matmul):
+    :func:`comlrl.algorithms.losses.token_entropy`.
     """
     dtype = dtype or weight.dtype
     # 16 MB, not 32: glibc serves blocks near its 32 MB mmap-threshold ceiling from fresh pages, and faulting them in
     # made each chunk temporary ~10x slower (SmolLM2, V=49k: 170-row chunks 32 ms a subtraction, 160-row 3.7 ms).
     chunk = chunk or max(1, (16 << 20) // (4 * weight.shape[0]))
     n = hidden.shape[0]  # rows in a few buckets: every new matmul shape costs a cached CPU kernel (comlrl.accel.shapes)
-    out = _HeadLogprobs.apply(pad_rows(hidden), weight, bias, pad_rows(labels), dtype, chunk, keep_bytes)
-    return out[:n]
+    out, ent = _HeadLogprobs.apply(pad_rows(hidden), weight, bias, pad_rows(labels), dtype, chunk, keep_bytes, entropy)
+    return (out[:n], ent[:n]) if entropy else out[:n]
 
 
 @contextlib.contextmanager

@@ -27,6 +27,17 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of the categorical softmax(logits) at each position: (..., V) -> (...), fp32.
+
+    H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v; a -inf logit (a token with probability 0) adds 0.
+    """
+    z = logits.float()
+    logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+
+
 def loss_weights(
     masks: list[torch.Tensor], loss_type: str, groups: list | None = None, max_completion_length: int | None = None
 ) -> list[torch.Tensor]:

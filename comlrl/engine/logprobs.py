@@ -19,7 +19,7 @@ from ..accel.llama_decoder import LLAMA_LAYOUTS, additive_mask
 from ..accel.packing import shared_prompt_layout
 from ..accel.sampler import SamplerSettings, completion_sampler_logprobs
 from ..accel.shapes import pad_tokens
-from ..algorithms.losses import token_logprobs
+from ..algorithms.losses import token_entropy, token_logprobs
 from .models import unwrap_peft
 from .team import fused_lora_forward, routed_adapters
 
@@ -33,7 +33,8 @@ def completion_logprobs(
     row_adapters: list[str] | None = None,
     temperature: float = 1.0,
     sampler: SamplerSettings | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """log p(completion token | prefix) for every completion position: (B, C), 0 where ``completion_mask`` is 0.
     Positions are taken from the mask. ``row_adapters`` (B,): each row's LoRA adapter on a shared base, rows of an
     adapter contiguous (see :func:`team_completion_logprobs`); None: the model as it is.
@@ -43,6 +44,9 @@ def completion_logprobs(
     ``sampler``: also the same tokens' log-probs under what a rollout with these settings draws from (repetition
     penalty, temperature, top-k, top-p, renormalized: :func:`comlrl.accel.sampler.completion_sampler_logprobs`),
     from the same forward's logits, without gradient; returns (log-probs, sampler log-probs) then.
+    ``entropy``: also the entropy of softmax(logits / temperature) at every completion position (B, C), without
+    gradient, 0 where ``completion_mask`` is 0, from the logits this forward computes anyway; it comes last in the
+    returned tuple: (log-probs, entropy) or (log-probs, sampler log-probs, entropy).
 
     Logits are computed for real completion tokens only, never the prompt's or padding: for models whose logits are
     a plain output projection of the decoder's last hidden state (Llama-layout), through
@@ -67,8 +71,12 @@ def completion_logprobs(
                     model, ids=ids, mask=mask, position_ids=position_ids, c=completion_ids.shape[1]
                 )
             logp = _scored(logits, completion_ids, completion_mask, temperature)
+            extra = []
+            if entropy:
+                with torch.no_grad():
+                    extra.append(_entropy(logits, completion_mask, temperature)[:, :width])
             if sampler is None:
-                return logp[:, :width]
+                return (logp[:, :width], *extra) if extra else logp[:, :width]
             with torch.no_grad():
                 detached = logits.detach()
                 sampled = completion_sampler_logprobs(
@@ -80,7 +88,7 @@ def completion_logprobs(
                     settings=sampler,
                     vocab=logits.shape[-1],
                 )
-            return logp[:, :width], sampled[:, :width]
+            return (logp[:, :width], sampled[:, :width], *extra)
         decoder, head = parts
         states = _states_before_completion(
             model,
@@ -114,8 +122,16 @@ def completion_logprobs(
     bias = head.bias
     if temperature != 1.0:  # logits / T == (h / T) W^T + b / T
         states, bias = states / temperature, None if bias is None else bias / temperature
-    logp[real] = head_logprobs(states, head.weight, bias=bias, labels=completion_ids[real], dtype=dtype).float()
-    return logp[:, :width] if sampled is None else (logp[:, :width], sampled)
+    scored = head_logprobs(states, head.weight, bias=bias, labels=completion_ids[real], dtype=dtype, entropy=entropy)
+    extra = []
+    if entropy:
+        scored, ent = scored
+        entropies = torch.zeros(completion_ids.shape, dtype=torch.float32, device=states.device)
+        entropies[real] = ent.float()
+        extra.append(entropies[:, :width])
+    logp[real] = scored.float()
+    out = (logp[:, :width], *([] if sampled is None else [sampled]), *extra)
+    return out if len(out) > 1 else out[0]
 
 
 def _states_before_completion(
@@ -183,12 +199,14 @@ def team_completion_logprobs(
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     temperature: float = 1.0,
     sampler: SamplerSettings | None = None,
-) -> list[torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]:
+    entropy: bool = False,
+) -> list[torch.Tensor] | list[tuple[torch.Tensor, ...]]:
     """:func:`completion_logprobs` of several agents' rows in one forward of their shared LoRA base, the rows of
     ``parts[i]`` = (prompt_ids, prompt_mask, completion_ids, completion_mask) through adapter ``adapters[i]`` whatever
     adapters are active. The same values (up to kernel rounding) as one call per agent with its adapter active; the
     base's fixed per-forward costs are paid once. Needs autocast and :func:`comlrl.engine.team.can_route`. Returns one
-    (B_i, C_i) tensor per part; with ``sampler``, a (log-probs, sampler log-probs) pair per part.
+    (B_i, C_i) tensor per part; with ``sampler`` or ``entropy``, a tuple per part, ordered as
+    :func:`completion_logprobs` returns them.
     """
     width_p = max(p[0].shape[1] for p in parts)
     width_c = max(p[2].shape[1] for p in parts)
@@ -196,14 +214,16 @@ def team_completion_logprobs(
     completions = [pad_tokens(p[2], p[3], left=False, width=width_c) for p in parts]
     stacked = [torch.cat(column) for column in (*zip(*prompts), *zip(*completions))]
     rows = [name for name, p in zip(adapters, parts) for _ in range(len(p[0]))]
-    out = completion_logprobs(model, *stacked, row_adapters=rows, temperature=temperature, sampler=sampler)
-    columns = out if sampler is not None else (out,)
+    out = completion_logprobs(
+        model, *stacked, row_adapters=rows, temperature=temperature, sampler=sampler, entropy=entropy
+    )
+    columns = out if isinstance(out, tuple) else (out,)
     split, lo = [], 0
     for p in parts:
         n, c = p[2].shape
         split.append(tuple(x[lo : lo + n, :c] for x in columns))
         lo += n
-    return split if sampler is not None else [x for (x,) in split]
+    return split if len(columns) > 1 else [x for (x,) in split]
 
 
 def _adapter_slots(
@@ -263,6 +283,15 @@ def _scored(
     if temperature != 1.0:
         logits = logits / temperature
     return token_logprobs(logits, completion_ids) * completion_mask
+
+
+def _entropy(logits: torch.Tensor, completion_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each completion position's entropy of softmax(logits / temperature): (B, C), 0 on padding; one row of fp32
+    temporaries at a time."""
+    logits = logits.detach()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.cat([token_entropy(row) for row in logits.split(1)]) * completion_mask
 
 
 def _completion_logits(

@@ -90,7 +90,7 @@ class PolicyUpdate:
         """``num_iterations`` optimizer steps per agent over all buffered rollouts."""
         metrics: dict[str, float] = {"time/loss": 0.0, "time/optimizer": 0.0}
         for group in self._update_groups():
-            data = {}  # agent index -> (batches, weights, the chunks' frozen log-probs)
+            data = {}  # agent index -> (batches, weights, the chunks' frozen log-probs, tokens the loss weighs)
             for agent in group:
                 batches = [
                     (turn.samples[agent.index], adv[agent.index][t])
@@ -98,9 +98,10 @@ class PolicyUpdate:
                     for t, turn in enumerate(ep.turns)
                 ]
                 weights = self.token_weights(buffer, [s for s, _ in batches])
+                tokens = sum(float((w > 0).sum()) for w in weights)  # the step's, before the replicas split it
                 # data parallel: this replica's rows, the whole step's normalizer
                 batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
-                data[agent.index] = (batches, weights, FrozenLogprobs())
+                data[agent.index] = (batches, weights, FrozenLogprobs(), tokens)
             per_iteration: list[dict[int, dict[str, float]]] = []
             for it in range(self.args.num_iterations):
                 start = time.perf_counter()
@@ -108,7 +109,9 @@ class PolicyUpdate:
                     metric_sums = self._accumulate_team(group, data, it)
                 else:
                     agent = group[0]
-                    metric_sums = {agent.index: self._accumulate_agent(agent, *data[agent.index], it)}
+                    metric_sums = {
+                        agent.index: self._accumulate_agent(agent, *data[agent.index][:3], it, data[agent.index][3])
+                    }
                 # sum the replicas' gradients: together they are the full-batch gradient
                 metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
                 mid = time.perf_counter()
@@ -167,9 +170,16 @@ class PolicyUpdate:
         return sorted(out, key=lambda g: g[0].index)
 
     def _accumulate_agent(
-        self, agent: Agent, batches: list, weights: list[torch.Tensor], frozen: FrozenLogprobs, iteration: int
+        self,
+        agent: Agent,
+        batches: list,
+        weights: list[torch.Tensor],
+        frozen: FrozenLogprobs,
+        iteration: int,
+        tokens: float | None = None,
     ) -> dict[str, float]:
-        """Forward/backward over every chunk of an agent's samples; returns weighted metric metric_sums."""
+        """Forward/backward over every chunk of an agent's samples; returns the weighted metric sums. ``tokens``: the
+        step's tokens with a nonzero weight, over which ``entropy`` is a mean (default: those of ``weights``)."""
         if not agent.model.training:  # a full .train() walks every module (~30 ms for a PEFT team)
             agent.model.train()
         agent.optimizer.zero_grad(set_to_none=True)
@@ -182,12 +192,14 @@ class PolicyUpdate:
                 self._idle_pass(agent, iteration)
             device = self.device_of(agent)
             sampler = self.rollout_sampler if iteration == 0 else None
+            if tokens is None:
+                tokens = sum(float((w > 0).sum()) for w in weights)
             for b, lo, sl in chunks:
                 tensors = self._chunk_tensors(batches[b][0], sl, device)
                 with self.autocast(device):
-                    logp = self._logprobs(agent.model, tensors, sampler)
+                    logp, *extra = self._logprobs(agent.model, tensors, sampler, entropy=True)
                 if sampler is not None:
-                    logp, frozen.sampler[(b, lo)] = logp
+                    frozen.sampler[(b, lo)] = extra[0]
                 self._chunk_loss(
                     agent,
                     logp,
@@ -199,6 +211,7 @@ class PolicyUpdate:
                     (b, lo),
                     iteration,
                     metric_sums,
+                    (extra[-1], tokens),
                 ).backward()
             return metric_sums
 
@@ -228,13 +241,13 @@ class PolicyUpdate:
             for b, lo, sl in self._chunks(data[group[0].index][0]):
                 parts = [self._chunk_tensors(data[a.index][0][b][0], sl, device) for a in group]
                 with self.autocast(device):
-                    logps = team_completion_logprobs(
-                        model, [a.adapter for a in group], parts, self.args.temperature, sampler
+                    scored = team_completion_logprobs(
+                        model, [a.adapter for a in group], parts, self.args.temperature, sampler, entropy=True
                     )
                 if sampler is not None:
-                    for a, (_, sampled) in zip(group, logps):
+                    for a, (_, sampled, _) in zip(group, scored):
                         data[a.index][2].sampler[(b, lo)] = sampled
-                    logps = [logp for logp, _ in logps]
+                logps, entropies = [x[0] for x in scored], [x[-1] for x in scored]
                 total = sum(
                     self._chunk_loss(
                         a,
@@ -247,8 +260,9 @@ class PolicyUpdate:
                         (b, lo),
                         iteration,
                         metric_sums[a.index],
+                        (entropy, data[a.index][3]),
                     )
-                    for a, logp, tensors in zip(group, logps, parts)
+                    for a, logp, tensors, entropy in zip(group, logps, parts, entropies)
                 )
                 total.backward()
         return metric_sums
@@ -262,12 +276,18 @@ class PolicyUpdate:
                 yield b, lo, slice(lo, lo + (chunk or rows))
 
     def _logprobs(
-        self, model: Any, tensors: list[torch.Tensor], sampler: SamplerSettings | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, model: Any, tensors: list[torch.Tensor], sampler: SamplerSettings | None = None, entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Completion log-probs of one chunk under ``model`` (a sharded model's forward runs inside its FSDP hooks);
-        with ``sampler``, (log-probs, the same under the sampler's processing)."""
+        with ``sampler`` and/or ``entropy``, a tuple as :func:`comlrl.engine.logprobs.completion_logprobs` returns it."""
         return sharding.forward(
-            model, completion_logprobs, model, *tensors, temperature=self.args.temperature, sampler=sampler
+            model,
+            completion_logprobs,
+            model,
+            *tensors,
+            temperature=self.args.temperature,
+            sampler=sampler,
+            entropy=entropy,
         )
 
     @property
@@ -310,9 +330,12 @@ class PolicyUpdate:
         key: tuple[int, int],
         iteration: int,
         metric_sums: dict[str, float],
+        entropy: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         """An agent's policy loss on one chunk (its metrics added to ``metric_sums``); ``rollout_logp``: the log-probs the
-        tokens were sampled with, when they are corrected for (see :func:`comlrl.algorithms.losses.policy_loss`)."""
+        tokens were sampled with, when they are corrected for (see :func:`comlrl.algorithms.losses.policy_loss`).
+        ``entropy``: (the chunk's token entropies, the step's tokens with a nonzero weight): adds ``entropy``, this
+        chunk's part of the mean token entropy over the tokens the loss weighs (TRL's ``entropy``)."""
         if iteration == 0:  # parameters are still those that sampled: old log-probs are free
             frozen.old[key] = logp.detach()
         ref = self._ref_logprobs(agent, tensors, frozen, key)
@@ -329,6 +352,9 @@ class PolicyUpdate:
             self.args.epsilon_high,
             frozen.sampler.get(key),
         )
+        if entropy is not None:
+            values, tokens = entropy
+            m["entropy"] = (values.to(weights.device) * (weights > 0)).sum() / max(tokens, 1.0)
         for k, v in m.items():
             metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
         return loss
