@@ -1,4 +1,4 @@
-"""Which hacks the published writing rewards pay for: the hack set of ``tests/test_envs_writing.py`` (the one
+"""Which hacks the published writing rewards pay for: the hack set of ``tests/envs/test_envs_writing.py`` (the one
 ``bench_tldr_honest.py`` counts) scored by the strict reward (the default) and by ``reward="published"``.
 
 Per env (tldr, arxiv) and hack: the team reward of the hack alone on each of the two packaged rows with honest

@@ -4,7 +4,7 @@
   detailed answer in two styles: close to the post's wording, and paraphrased). A pair is counted when its team
   reward is above 0; per level, the share of pairs that earn points on it; per agent, the share of sentence
   characters that count (``metric/counted_1/2``).
-* Hacks: the hack set of ``tests/test_envs_writing.py`` (``writing_hacks`` on its honest answers, tldr and arxiv).
+* Hacks: the hack set of ``tests/envs/test_envs_writing.py`` (``writing_hacks`` on its honest answers, tldr and arxiv).
   A hack alone is caught when it scores at most 0.5; a hack added to an honest answer (to both agents' answers or
   to agent 2's alone) is caught when it does not raise the honest score.
 

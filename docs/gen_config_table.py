@@ -3,7 +3,7 @@
 The help is each field's ``field(metadata={"help": ...})`` in comlrl/configs/ (base.py for every trainer, policy.py
 for the MAGRPO family, actor_critic.py for IAC and MAAC, centralized.py for CentralizedMAGRPO, preference.py for
 MADPO and MARLHF), the one place it is written;
-tests/test_docs.py fails when the checked-in page differs from what this script writes now. After changing a
+tests/e2e/test_docs.py fails when the checked-in page differs from what this script writes now. After changing a
 config field:
 
     python docs/gen_config_table.py

@@ -9,7 +9,7 @@ keyword. The team scores when the title is short, the sentence uses the keyword,
 content word. In turn 2 each agent sees its teammate's answer and revises its own.
 
     python examples/custom_environment.py                  # the embedded SmolLM2-135M-Instruct team
-    python examples/custom_environment.py --tiny           # a tiny random Llama (seconds; what tests/test_docs.py runs)
+    python examples/custom_environment.py --tiny           # a tiny random Llama (seconds; what tests/e2e/test_docs.py runs)
 """
 
 from __future__ import annotations

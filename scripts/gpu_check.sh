@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set up, print the GPU environment, and run the checks that need a GPU (tests/test_cuda.py, marker `cuda`; then
-# tests/test_vllm.py when CUDA and vllm are both there). The NCCL checks (data parallel and FSDP sharding, in
-# tests/test_cuda.py) need 2 GPUs and skip with one. FSDP offload (shards and gradients in CPU memory, so the process
+# Set up, print the GPU environment, and run the checks that need a GPU (tests/gpu/test_cuda.py, marker `cuda`; then
+# tests/rollout/test_vllm.py when CUDA and vllm are both there). The NCCL checks (data parallel and FSDP sharding, in
+# tests/gpu/test_cuda.py) need 2 GPUs and skip with one. FSDP offload (shards and gradients in CPU memory, so the process
 # group needs a CPU backend too) with gradient-norm clipping: test_nccl_fsdp_offload_two_gpus_clips_gradients on
 # 2 GPUs, test_fsdp_offload_one_gpu_world_of_one_clips_gradients on one (a world of one rank).
 # On a machine without CUDA every test skips with its reason and this exits 0. Extra arguments go to pytest;
@@ -26,8 +26,8 @@ if cuda:
     for i in range(torch.cuda.device_count()):
         print(f"  cuda:{i}: {torch.cuda.get_device_name(i)}")
 EOF
-python -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py "$@"
-# vLLM rollouts on the GPU (tests/test_vllm.py, use_vllm=True): only with CUDA and the `vllm` package (the `vllm`
+python -m pytest -q -p no:cacheprovider -m cuda -rs tests/gpu/test_cuda.py "$@"
+# vLLM rollouts on the GPU (tests/rollout/test_vllm.py, use_vllm=True): only with CUDA and the `vllm` package (the `vllm`
 # extra, docs/vllm.md). setup.sh installs vLLM's CPU build only where no vllm imports; that one cannot use the GPU.
 # Sleep mode (vllm_enable_sleep_mode) with two engines in one process: test_sleep_mode_refuses_a_second_engine_on_cuda
 # (refused before vLLM starts it, the first engine intact), test_vllm_sleep_mode_allocator_holds_one_engine_per_process
@@ -36,9 +36,9 @@ python -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py "$@"
 # The importance weight under top-p / top-k / repetition penalty against vLLM's GPU sampler kernels (Triton top-k /
 # top-p): test_importance_weights_are_one_where_vllm_and_the_decode_loop_agree.
 if ! python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  echo "tests/test_vllm.py: skipped on the GPU (torch sees no CUDA device)"
+  echo "tests/rollout/test_vllm.py: skipped on the GPU (torch sees no CUDA device)"
 elif ! python -c "import vllm" >/dev/null 2>&1; then
-  echo "tests/test_vllm.py: skipped on the GPU (vllm does not import; pip install 'comlrl[vllm]' after the CUDA torch)"
+  echo "tests/rollout/test_vllm.py: skipped on the GPU (vllm does not import; pip install 'comlrl[vllm]' after the CUDA torch)"
 else
-  python -m pytest -q -p no:cacheprovider -rs tests/test_vllm.py "$@"
+  python -m pytest -q -p no:cacheprovider -rs tests/rollout/test_vllm.py "$@"
 fi

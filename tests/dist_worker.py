@@ -1,4 +1,4 @@
-"""A tiny team trained by one process or under torchrun, for tests/test_distributed.py and benchmarks/.
+"""A tiny team trained by one process or under torchrun, for tests/parallel/test_distributed.py and benchmarks/.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_worker.py OUT '{"max_steps": 3}'
     python tests/dist_worker.py OUT '{"max_steps": 3}'                   # the single-process reference

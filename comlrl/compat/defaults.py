@@ -1,5 +1,5 @@
 """The reference library's (comlrl 1.4.3) config defaults, one table per reference class: its whole field list, so
-that ``tests/test_compat.py`` notices when one of ours no longer stands for it."""
+that ``tests/e2e/test_compat.py`` notices when one of ours no longer stands for it."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ refused with the import path that takes it (:func:`explain_compat_field`, which 
 
 :func:`translate` is called by the constructor of every compat-style config, before our own constructor
 (:func:`comlrl.compat.configs.compat_style`). The mapping is in :mod:`.rules` (a rule per reference field) and
-:mod:`.defaults` (the reference's defaults); ``tests/test_compat.py`` fails when one of them drifts from our configs
+:mod:`.defaults` (the reference's defaults); ``tests/e2e/test_compat.py`` fails when one of them drifts from our configs
 or from the reference's field lists.
 """
 

@@ -181,7 +181,7 @@ def run_tests(
     ``TestOutcome.shared_reason`` set), "shared" (program and tests in one interpreter), or
     "shared-spawn" (program and tests in one interpreter started for this run, the "spawn" launcher,
     so without the warm zygote's seccomp filter, cgroup and file-system view: the least isolated
-    verdict, run beside "split" in tests/test_verdict.py to show which reward hacks an unisolated
+    verdict, run beside "split" in tests/sandbox/test_verdict.py to show which reward hacks an unisolated
     verdict would pay for, and the baseline of ``benchmarks/bench_sandbox.py``).
     ``allow_shadowing``: names of the program's globals that the tests may use although they are
     a builtin's name (an entry point called ``sum``); any other such global stays hidden from the

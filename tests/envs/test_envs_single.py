@@ -13,7 +13,7 @@ from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ComlrlError, ConfigError
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 
 TLDR_ANSWER = (

@@ -33,7 +33,7 @@ from comlrl.sandbox import (
     static_test_count,
 )
 
-DATA = Path(__file__).parents[1].parent / "shared" / "data"
+DATA = Path(__file__).parents[2].parent / "shared" / "data"
 # Reference solutions can be slow on a loaded 2-core machine (MBPP 123 and ClassEval_35
 # take ~8 s); plain python has no per-test limit, so parity runs get generous ones.
 GENEROUS = SandboxLimits(timeout=90.0, per_test_timeout=60.0, cpu_seconds=90)
@@ -778,7 +778,7 @@ def test_unprivileged_user_gets_user_namespaces(victims):
     """The ns-user mode, as used by a non-root trainer (run here via setpriv as uid 65534)."""
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
         pytest.skip("needs root plus unshare/setpriv to impersonate an unprivileged user")
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     victim = victims[1]  # in a world-writable directory the unprivileged user can see
     workdir = victim.parent
     script = workdir / "check.py"

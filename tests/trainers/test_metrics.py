@@ -12,7 +12,7 @@ from comlrl.algorithms.losses import token_entropy
 from comlrl.configs.policy import MAGRPOConfig
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(4)]
 ALWAYS = {"every step": "train", "every evaluation": "eval"}
 

@@ -22,7 +22,7 @@ from comlrl.tracking import read_metrics, truncate_metrics
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
 ROWS = [{"prompt": f"Task {i}: say something."} for i in range(6)]
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 REPO = TESTS.parent
 
 

@@ -18,7 +18,7 @@ from comlrl.cli import main
 from comlrl.errors import ConfigError
 from comlrl.tracking import Tracker, read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 ENVS = ("tldr", "arxiv", "humaneval", "coophumaneval", "mbpp", "classeval", "codetest", "bfcl", "blocks")
 ALGOS = ("magrpo", "mareinforce", "marloo", "maremax", "iac", "maac", "centralized_magrpo", "madpo", "marlhf")
@@ -57,7 +57,8 @@ def test_every_example_config_loads_and_validates():
 def test_quickstart_uses_the_packaged_posts():
     cfg = runconfig.load_config(CONFIGS / "quickstart.yaml")
     assert cfg.model == "embedded" and cfg.env.name == "tldr" and cfg.evaluation.before and cfg.evaluation.after
-    assert cfg.data.source is None and cfg.data.eval_split == "holdout"  # tests/test_packaged_data.py checks the rows
+    # tests/envs/test_packaged_data.py checks the rows
+    assert cfg.data.source is None and cfg.data.eval_split == "holdout"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS_DIR = REPO / "docs"
 DOCS = [REPO / "README.md", *sorted(DOCS_DIR.rglob("*.md"))]
 EXAMPLE = REPO / "examples" / "custom_environment.py"

@@ -1,8 +1,8 @@
 """The checks that need a GPU: bf16 training, the fast decode path and NCCL under torchrun, on CUDA.
 
     bash scripts/gpu_check.sh                                     # prints the environment, then runs these
-    python -m pytest -q -m cuda -rs tests/test_cuda.py            # the same tests, without the setup
-    COMLRL_TEST_DEVICE=cpu python -m pytest -q tests/test_cuda.py # the same checks on CPU (NCCL skips)
+    python -m pytest -q -m cuda -rs tests/gpu/test_cuda.py            # the same tests, without the setup
+    COMLRL_TEST_DEVICE=cpu python -m pytest -q tests/gpu/test_cuda.py # the same checks on CPU (NCCL skips)
 
 Without a GPU every test skips with its reason. ``COMLRL_TEST_DEVICE`` (default ``cuda``) picks the device, so the
 test code itself can be run on a CPU machine. The CPU versions of these checks are in test_trainer.py,
@@ -23,8 +23,6 @@ from pathlib import Path
 import dist_worker
 import pytest
 import torch
-from test_fastgen import PROMPTS, greedy, hf_greedy
-from test_trainer import ROWS, cfg, length_reward, weights
 from tiny import tiny_model, tiny_tokenizer
 from transformers import LogitsProcessorList
 
@@ -39,10 +37,15 @@ from comlrl.rollout.rollout import generate
 from comlrl.rollout.sampling import RowSeededSampler
 from comlrl.trainers.magrpo import MAGRPOTrainer
 
+# the CPU tests these checks repeat on CUDA, whose inputs and references they share
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("accel", "trainers")]
+from test_fastgen import PROMPTS, greedy, hf_greedy  # noqa: E402
+from test_trainer import ROWS, cfg, length_reward, weights  # noqa: E402
+
 pytestmark = pytest.mark.cuda
 
 DEVICE = os.environ.get("COMLRL_TEST_DEVICE", "cuda")
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -277,7 +280,7 @@ def test_nccl_data_parallel_two_gpus_equal_single_process(tmp_path):
 def test_nccl_fsdp_two_gpus_shard_both_agents(tmp_path):
     """The same job with fsdp='full_shard': each agent sharded over both GPUs (NCCL all-gather / reduce-scatter),
     gathered for its rollouts. Mixed precision off: autocast computes in bf16 as in the one-process run, while FSDP's
-    bf16 parameters would also round the gradients (that policy is exercised on CPU by tests/test_fsdp.py's CLI runs)."""
+    bf16 parameters would also round the gradients (that policy is exercised on CPU by tests/parallel/test_fsdp.py's CLI runs)."""
     _nccl_run_against_one_process(
         tmp_path, {"max_steps": 2, "fsdp": "full_shard", "fsdp_config": {"mixed_precision": False}}
     )

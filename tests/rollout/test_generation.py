@@ -48,7 +48,7 @@ def test_both_engines_give_identical_greedy_completions(seed):
     assert torch.equal(ours.ids, theirs.ids)
     on = {
         name: generate(model, tok, PROMPTS, 2, GenerationSettings(12, False, engine=name))
-        for name in ("comlrl", "transformers")  # vLLM's: tests/test_vllm.py (its CPU attention needs head size >= 32)
+        for name in ("comlrl", "transformers")  # vLLM's: test_vllm.py (its CPU attention needs head size >= 32)
     }
     a, b = on["comlrl"], on["transformers"]
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)

@@ -20,7 +20,7 @@ from comlrl.envs.coding.tasks import task_from_row as code_task
 from comlrl.envs.core import loaders
 from comlrl.envs.core.packaged import PACKAGED, read_packaged
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 DATA = REPO / "comlrl" / "envs" / "data"
 SHARED_FILES = {  # packaged file -> the file of ../shared/data it is a gzip of

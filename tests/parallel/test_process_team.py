@@ -17,7 +17,7 @@ from comlrl.parallel import distributed, job
 from comlrl.parallel.job import DistTeam, LocalTeam, ProcessTeam
 from comlrl.parallel.placement import resolve_placement
 
-PACKAGE = Path(__file__).resolve().parents[1] / "comlrl"
+PACKAGE = Path(__file__).resolve().parents[2] / "comlrl"
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from comlrl.rollout.protocol import GenerationSettings
 from comlrl.rollout.rollout import concat_samples, generate
 from comlrl.rollout.sampling import derive_seed, gumbel_sample, row_generators
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 DP_ATOL = 5e-5  # 0.5% of one lr=1e-2 step; see the module docstring
 # Every run below trains the same 4 steps (checkpoints do not change them): 2 turns, 3 prompts per step (then 2,
 # at the end of the 8-row epoch), so replica shards are uneven (2 + 1 nodes) and later turns are sharded too.

@@ -503,7 +503,7 @@ def test_copied_runs_follow_the_prompts_order_with_short_gaps():
     assert copied_runs(["three", "two", "one"], positions, 2, 3) == [False] * 3  # out of order
 
 
-HONEST_PAIRS = Path(__file__).parent / "data" / "tldr_honest_pairs.json"
+HONEST_PAIRS = Path(__file__).parents[1] / "data" / "tldr_honest_pairs.json"
 
 
 def test_hand_written_honest_tldr_pairs_count():

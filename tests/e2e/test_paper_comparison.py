@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_comparison.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paper_comparison.py"
 
 
 @pytest.fixture(scope="module")

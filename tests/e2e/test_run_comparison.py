@@ -16,7 +16,7 @@ from comlrl.cli import main
 from comlrl.envs.core import registry
 from comlrl.errors import ConfigError
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 SPLIT, SplitToy = toy_env.SPLIT_NAME, toy_env.SplitToy
 
 
