@@ -77,10 +77,28 @@ def main() -> None:
                 seed = derive_seed(0, "bench", r)
                 start = time.perf_counter()
                 if name == "batched":
-                    n = tokens(trainer.rollout(data, ids, settings, ns.candidates, trainer.reward_func, seed=seed))
+                    n = tokens(
+                        trainer.rollout(
+                            data,
+                            ids,
+                            settings=settings,
+                            num_generations=ns.candidates,
+                            reward_func=trainer.reward_func,
+                            seed=seed,
+                        )
+                    )
                 else:
                     n = sum(
-                        tokens(trainer.rollout([row], [i], settings, ns.candidates, trainer.reward_func, seed=seed))
+                        tokens(
+                            trainer.rollout(
+                                [row],
+                                [i],
+                                settings=settings,
+                                num_generations=ns.candidates,
+                                reward_func=trainer.reward_func,
+                                seed=seed,
+                            )
+                        )
                         for i, row in enumerate(data)
                     )
                 elapsed = time.perf_counter() - start

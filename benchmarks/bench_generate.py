@@ -47,6 +47,7 @@ def hf_generate(
     model: PreTrainedModel,
     ids: torch.Tensor,
     mask: torch.Tensor,
+    *,
     pad: int,
     stop: list[int],
     new_tokens: int,
@@ -79,7 +80,9 @@ def variants(model: PreTrainedModel, pad: int, stop: list[int], new_tokens: int)
         )
 
     return {
-        "generate": lambda ids, mask: hf_generate(model, ids, mask, pad, stop, new_tokens, True),
+        "generate": lambda ids, mask: hf_generate(
+            model, ids, mask, pad=pad, stop=stop, new_tokens=new_tokens, do_sample=True
+        ),
         "fast_fp32": fast(None),
         "fast_bf16": fast(torch.bfloat16),
         "generic_fp32": fast(None, "generic"),
@@ -133,12 +136,13 @@ def main() -> None:
         )
     print("(speedup = ratio of medians to plain generate in this run)")
 
-    greedy_check(model, tok, encoded, pad, stop)
+    greedy_check(model, tok, encoded=encoded, pad=pad, stop=stop)
 
 
 def greedy_check(
     model: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
+    *,
     encoded: list[list[int]],
     pad: int,
     stop: list[int],
@@ -147,7 +151,7 @@ def greedy_check(
     """Greedy fast_generate (fp32) must equal greedy model.generate token for token."""
     ids, mask = left_pad(encoded, pad)
     with torch.no_grad():
-        ref = hf_generate(model, ids, mask, pad, stop, new_tokens, do_sample=False)
+        ref = hf_generate(model, ids, mask, pad=pad, stop=stop, new_tokens=new_tokens, do_sample=False)
         out = fast_generate(
             model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=stop, pad_token_id=pad, do_sample=False
         )

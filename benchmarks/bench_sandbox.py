@@ -6,7 +6,7 @@ program and tests in one freshly spawned interpreter (``verdict="shared-spawn"``
     python benchmarks/bench_sandbox.py --plain 100 --rounds 3  # only: split vs plain `python -I`
     python benchmarks/bench_sandbox.py --plain 100 --no-site  # the same against `python -I -S`
 
-Side by side: MBPP reference solutions at workers=1, both modes in alternating chunks of 25 (so
+Side by side: MBPP canonical solutions at workers=1, both modes in alternating chunks of 25 (so
 that load from other processes hits both alike); programs/s of each and the ratio. With
 --datasets: HumanEval 164 canonical solutions, all 974 MBPP and 100 ClassEval references in the
 split mode, each verdict compared with shared-spawn and with a plain ``python`` subprocess (data
@@ -72,7 +72,7 @@ def _mbpp_job(row: dict, verdict: str) -> dict:
 
 
 def bench_mbpp_side_by_side(n: int, chunk: int = 25) -> None:
-    """MBPP reference solutions at workers=1, the two modes alternating chunk by chunk."""
+    """MBPP canonical solutions at workers=1, the two modes alternating chunk by chunk."""
     rows = _mbpp_rows()[:n]
     for verdict in MODES:
         run_many([_mbpp_job(r, verdict) for r in rows[:2]], max_workers=1)
@@ -87,7 +87,7 @@ def bench_mbpp_side_by_side(n: int, chunk: int = 25) -> None:
     rate = {v: len(rows) / elapsed[v] for v in MODES}
     for verdict in MODES:
         print(
-            f"MBPP side by side, {len(rows)} reference solutions, workers=1, {verdict}: {rate[verdict]:.1f} programs/s "
+            f"MBPP side by side, {len(rows)} canonical solutions, workers=1, {verdict}: {rate[verdict]:.1f} programs/s "
             f"({elapsed[verdict]:.1f} s, {passed[verdict]} pass)"
         )
     print(f"  split / shared-spawn: {rate['split'] / rate['shared-spawn']:.2f}x")
@@ -128,7 +128,7 @@ def _own_cpu(children: bool) -> float:
 
 
 def bench_plain(n: int, rounds: int = 1, workers: int = 2, chunk: int = 25) -> None:
-    """The first ``n`` MBPP reference solutions through ``run_many`` (split verdict) and as plain
+    """The first ``n`` MBPP canonical solutions through ``run_many`` (split verdict) and as plain
     ``python -I`` subprocesses (program + setup + asserts in one file), ``workers`` at a time each,
     alternating chunk by chunk so that load from other processes hits both alike.
 
@@ -187,7 +187,7 @@ def _plain_passes(source: str, unittest_module: bool) -> bool:
         return done.returncode == 0
 
 
-def _compare(name: str, ids: list, jobs: list[dict], sources: list[str], unittest_module: bool) -> None:
+def _compare(name: str, *, ids: list, jobs: list[dict], sources: list[str], unittest_module: bool) -> None:
     start = time.perf_counter()
     split = run_many(jobs)
     elapsed = time.perf_counter() - start
@@ -221,21 +221,21 @@ def bench_datasets() -> None:
         for p in problems
     ]
     sources = [j["program"] + "\n" + j["tests"] for j in jobs]
-    _compare("HumanEval", [p["task_id"] for p in problems], jobs, sources, unittest_module=False)
+    _compare("HumanEval", ids=[p["task_id"] for p in problems], jobs=jobs, sources=sources, unittest_module=False)
     mbpp = _mbpp_rows()
     _compare(
         "MBPP",
-        [r["task_id"] for r in mbpp],
-        [_mbpp_job(r, "split") for r in mbpp],
-        ["\n".join([r["code"], r["test_setup_code"], *r["test_list"]]) for r in mbpp],
+        ids=[r["task_id"] for r in mbpp],
+        jobs=[_mbpp_job(r, "split") for r in mbpp],
+        sources=["\n".join([r["code"], r["test_setup_code"], *r["test_list"]]) for r in mbpp],
         unittest_module=False,
     )
     classeval = json.loads((DATA / "classeval.json").read_text())
     _compare(
         "ClassEval",
-        [r["task_id"] for r in classeval],
-        [dict(program=r["solution_code"], tests=r["test"], kind="unittest", limits=GENEROUS) for r in classeval],
-        [r["solution_code"] + "\n" + r["test"] for r in classeval],
+        ids=[r["task_id"] for r in classeval],
+        jobs=[dict(program=r["solution_code"], tests=r["test"], kind="unittest", limits=GENEROUS) for r in classeval],
+        sources=[r["solution_code"] + "\n" + r["test"] for r in classeval],
         unittest_module=True,
     )
 

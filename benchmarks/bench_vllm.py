@@ -110,12 +110,26 @@ def batches(layout: str, teams: dict, tok, texts: list[str], samples: int, seed:
         model, names = teams["lora"]
         ids, mask = left_pad(rows + rows, tok.pad_token_id)
         adapters = [n for n in names for _ in rows]
-        batch = PromptBatch(ids, mask, eos_ids(model, tok), tok.pad_token_id, seeds[0] + seeds[1], adapters)
+        batch = PromptBatch(
+            prompt_ids=ids,
+            prompt_mask=mask,
+            stop_ids=eos_ids(model, tok),
+            pad_id=tok.pad_token_id,
+            row_seeds=seeds[0] + seeds[1],
+            adapter_names=adapters,
+        )
         return [(model, batch)]
     out = []
     for agent, model in enumerate(teams["full"]):
         ids, mask = left_pad(rows, tok.pad_token_id)
-        out.append((model, PromptBatch(ids, mask, eos_ids(model, tok), tok.pad_token_id, seeds[agent])))
+        batch = PromptBatch(
+            prompt_ids=ids,
+            prompt_mask=mask,
+            stop_ids=eos_ids(model, tok),
+            pad_id=tok.pad_token_id,
+            row_seeds=seeds[agent],
+        )
+        out.append((model, batch))
     return out
 
 

@@ -7,7 +7,7 @@ What it runs (every step through comlrl's own command line and Python API):
   ``comlrl train configs/tldr_magrpo.yaml`` as a LoRA team (the quick start's LoRA, learning rate, batch, samples
   and temperature) and ``comlrl train configs/tldr_single_grpo.yaml`` (one model writes every part, the same steps,
   rows, samples and twice the team's per-agent new tokens: the same tokens per joint answer), then
-  ``comlrl.compare.compare`` on the held-out posts: untrained team (the reference), the trained team (with each
+  ``comlrl.compare.compare`` on the held-out posts: untrained team (the control), the trained team (with each
   agent's contribution, ``eval_contributions``), the trained single agent, and the baselines single, parallel,
   sequential and discussion with the untrained models. A later seed compares only its trained conditions with the
   untrained team: the baselines' answers do not depend on the training seed.
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 BASELINES = ("single", "parallel", "sequential", "discussion")
 CODE_BASELINES = ("single", "parallel")
-REFERENCE = "untrained"
+CONTROL = "untrained"
 TEAM, SINGLE_AGENT = "team", "single-grpo"
 #: cross-play conditions: (name, sources per agent); TEAM / TEAM2 stand for the first / second seed's team run
 CROSSPLAY = (
@@ -74,7 +74,7 @@ COST = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sizes:
     """The experiment's size: training steps, held-out rows, samples per row and new tokens, per task."""
 
@@ -100,7 +100,7 @@ SMOKE = Sizes(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Train:
     """One ``comlrl train`` run."""
 
@@ -112,7 +112,7 @@ class Train:
     steps: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Compare:
     """One ``compare`` call: its conditions (name -> condition) on one task, reward and seed."""
 
@@ -122,7 +122,7 @@ class Compare:
     conditions: tuple[tuple[str, str], ...]
     rows: int
     samples: int
-    untrained_from: str  # the training run whose resolved config, untrained, is the reference team
+    untrained_from: str  # the training run whose resolved config, untrained, is the control team
     rescore_from: str | None = None  # a comparison whose baselines' answers this one re-scores with its own reward
     rescore: tuple[str, ...] = ()
 
@@ -130,7 +130,7 @@ class Compare:
 # --- the plan -----------------------------------------------------------------------------------------------------
 
 
-def shared_sets(out: Path, steps: int, seed: int, eval_rows: int, extra: Sequence[str] = ()) -> list[str]:
+def shared_sets(out: Path, *, steps: int, seed: int, eval_rows: int, extra: Sequence[str] = ()) -> list[str]:
     """The ``--set`` overrides of every training run: LoRA, learning rate, batch, samples and temperature of
     configs/quickstart.yaml, no evaluation or report during training (compare evaluates), no checkpoints."""
     return [
@@ -164,38 +164,44 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
     compares: list[Compare] = []
     runs = out / "runs"
 
-    def pair(task: str, tag: str, seed: int, steps: int, rows: int, tokens: int, env_sets: list[str]) -> tuple:
+    def pair(task: str, tag: str, *, seed: int, steps: int, rows: int, tokens: int, env_sets: list[str]) -> tuple:
         stem = f"{task}-{tag}" if tag else task
         team, single = f"{stem}-team-s{seed}", f"{stem}-single-s{seed}"
         common = [*model_sets, *env_sets]
         trains.append(
             Train(
-                team,
-                task,
-                "team_step",
-                CONFIGS / f"{task}_magrpo.yaml",
-                tuple(
+                name=team,
+                task=task,
+                role="team_step",
+                config=CONFIGS / f"{task}_magrpo.yaml",
+                sets=tuple(
                     shared_sets(
                         runs / team,
-                        steps,
-                        seed,
-                        rows,
-                        [f"training.max_new_tokens={tokens}", "training.eval_contributions=true", *common],
+                        steps=steps,
+                        seed=seed,
+                        eval_rows=rows,
+                        extra=[f"training.max_new_tokens={tokens}", "training.eval_contributions=true", *common],
                     )
                 ),
-                steps,
+                steps=steps,
             )
         )
         trains.append(
             Train(
-                single,
-                task,
-                "single_step",
-                CONFIGS / f"{task}_single_grpo.yaml",
-                tuple(
-                    shared_sets(runs / single, steps, seed, rows, [f"training.max_new_tokens={2 * tokens}", *common])
+                name=single,
+                task=task,
+                role="single_step",
+                config=CONFIGS / f"{task}_single_grpo.yaml",
+                sets=tuple(
+                    shared_sets(
+                        runs / single,
+                        steps=steps,
+                        seed=seed,
+                        eval_rows=rows,
+                        extra=[f"training.max_new_tokens={2 * tokens}", *common],
+                    )
                 ),
-                steps,
+                steps=steps,
             )
         )
         return team, single
@@ -203,7 +209,13 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
     for reward in sizes.rewards:
         for k, seed in enumerate(sizes.seeds):
             team, single = pair(
-                "tldr", reward, seed, sizes.steps, sizes.rows, sizes.new_tokens, [f"env.options.reward={reward}"]
+                "tldr",
+                reward,
+                seed=seed,
+                steps=sizes.steps,
+                rows=sizes.rows,
+                tokens=sizes.new_tokens,
+                env_sets=[f"env.options.reward={reward}"],
             )
             conds = [(TEAM, f"run:{runs / team}"), (SINGLE_AGENT, f"run:{runs / single}")]
             # the baselines' answers depend on neither the training seed nor the reward (the same untrained models,
@@ -213,36 +225,44 @@ def build_plan(out: Path, sizes: Sizes, model_sets: Sequence[str] = ()) -> tuple
                 conds += [(mode, f"baseline:{mode}@UNTRAINED") for mode in BASELINES]
             compares.append(
                 Compare(
-                    f"tldr-{reward}-s{seed}",
-                    "tldr",
-                    f"tldr, {reward} reward, training seed {seed}",
-                    ((REFERENCE, "untrained:UNTRAINED"), *conds),
-                    sizes.rows,
-                    sizes.samples,
-                    team,
-                    None if first or k else f"tldr-{sizes.rewards[0]}-s{seed}",
-                    () if first or k else BASELINES,
+                    name=f"tldr-{reward}-s{seed}",
+                    task="tldr",
+                    title=f"tldr, {reward} reward, training seed {seed}",
+                    conditions=((CONTROL, "untrained:UNTRAINED"), *conds),
+                    rows=sizes.rows,
+                    samples=sizes.samples,
+                    untrained_from=team,
+                    rescore_from=None if first or k else f"tldr-{sizes.rewards[0]}-s{seed}",
+                    rescore=() if first or k else BASELINES,
                 )
             )
     if sizes.crossplay_samples:
         compares.append(crossplay_compare(runs, sizes))
     if sizes.code:
         seed = sizes.seeds[0]
-        team, single = pair("mbpp", "", seed, sizes.code_steps, sizes.code_rows, sizes.code_new_tokens, [])
+        team, single = pair(
+            "mbpp",
+            "",
+            seed=seed,
+            steps=sizes.code_steps,
+            rows=sizes.code_rows,
+            tokens=sizes.code_new_tokens,
+            env_sets=[],
+        )
         compares.append(
             Compare(
-                f"mbpp-s{seed}",
-                "mbpp",
-                f"mbpp, training seed {seed}",
-                (
-                    (REFERENCE, "untrained:UNTRAINED"),
+                name=f"mbpp-s{seed}",
+                task="mbpp",
+                title=f"mbpp, training seed {seed}",
+                conditions=(
+                    (CONTROL, "untrained:UNTRAINED"),
                     (TEAM, f"run:{runs / team}"),
                     (SINGLE_AGENT, f"run:{runs / single}"),
                     *((mode, f"baseline:{mode}@UNTRAINED") for mode in CODE_BASELINES),
                 ),
-                sizes.code_rows,
-                sizes.code_samples,
-                team,
+                rows=sizes.code_rows,
+                samples=sizes.code_samples,
+                untrained_from=team,
             )
         )
     return trains, compares
@@ -260,13 +280,13 @@ def crossplay_compare(runs: Path, sizes: Sizes) -> Compare:
         for name, sources in pairs
     ]
     return Compare(
-        f"tldr-{reward}-s{seed}-crossplay",
-        "tldr",
-        f"tldr, {reward} reward, training seed {seed}: cross-play",
-        ((REFERENCE, "untrained:UNTRAINED"), (TEAM, f"run:{runs / team}"), *mixes),
-        sizes.rows,
-        sizes.crossplay_samples,
-        team,
+        name=f"tldr-{reward}-s{seed}-crossplay",
+        task="tldr",
+        title=f"tldr, {reward} reward, training seed {seed}: cross-play",
+        conditions=((CONTROL, "untrained:UNTRAINED"), (TEAM, f"run:{runs / team}"), *mixes),
+        rows=sizes.rows,
+        samples=sizes.crossplay_samples,
+        untrained_from=team,
     )
 
 
@@ -338,7 +358,7 @@ def training_curve(run_dir: Path) -> dict[str, float]:
 
 
 def untrained_config(run_dir: Path, out: Path) -> Path:
-    """The run's resolved config with its models untrained and no contributions: the reference team and the models
+    """The run's resolved config with its models untrained and no contributions: the control team and the models
     of the baselines (the same model, prompts, tokens and data as the trained team)."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     cfg.setdefault("training", {})["eval_contributions"] = False
@@ -365,7 +385,7 @@ def run_compare(job: Compare, out: Path, temperature: float) -> Path:
         conditions,
         rows=job.rows,
         samples=job.samples,
-        reference=REFERENCE,
+        control=CONTROL,
         temperature=temperature,
         seed=0,
         out=folder,
@@ -393,8 +413,8 @@ def rescore(job: Compare, folder: Path, source: Path, config: Path) -> None:
     env = getattr(env, "team", None) or env
     theirs, ours = _records(source), _records(folder)
     key = lambda r: (r["row"], r["sample"])  # noqa: E731
-    same = {key(r): r["completions"] for r in theirs if r["condition"] == REFERENCE} == {
-        key(r): r["completions"] for r in ours if r["condition"] == REFERENCE
+    same = {key(r): r["completions"] for r in theirs if r["condition"] == CONTROL} == {
+        key(r): r["completions"] for r in ours if r["condition"] == CONTROL
     }
     picked = [r for r in theirs if r["condition"] in job.rescore]
     batch = [dict(rows[r["row"]]) for r in picked]
@@ -481,7 +501,7 @@ def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int =
     from comlrl.compare import summarize
 
     data = json.loads((folder / "summary.json").read_text())
-    s, summary, ref = data["settings"], data["conditions"], data["reference"]
+    s, summary, ref = data["settings"], data["conditions"], data["control"]
     records = _records(folder)
     note = ""
     if (folder / "rescored.jsonl").is_file():
@@ -491,8 +511,8 @@ def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int =
         added = list(dict.fromkeys(r["condition"] for r in extra))
         records += extra
         row_ids = sorted({r["row"] for r in records if r["condition"] == ref})
-        both = summarize(records, [*summary, *added], ref, row_ids, s["samples"], num_resamples=s["num_resamples"],
-                         seed=s["seed"])  # fmt: skip
+        both = summarize(records, names=[*summary, *added], control=ref, row_ids=row_ids, samples=s["samples"],
+                         num_resamples=s["num_resamples"], seed=s["seed"])  # fmt: skip
         for name in added:
             summary[name] = {**both[name], "seconds_per_answer": source[name]["seconds_per_answer"]}
         note = (
@@ -518,7 +538,7 @@ def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int =
     ]
     for name in names:
         c = summary[name]
-        diff = "(reference)" if name == ref else _ci(c["difference"])
+        diff = "(control)" if name == ref else _ci(c["difference"])
         cells = [name, _ci(c["reward"]), diff, *(_num(c["task"].get(k)) for k in task)]
         cells += [f"{c['tokens_per_answer']:.1f}", f"{c['seconds_per_answer']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -582,6 +602,7 @@ def comparison_section(job: Compare, folder: Path, out: Path, sample_rows: int =
 
 def write_summary(
     out: Path,
+    *,
     sizes: Sizes,
     trains: Sequence[Train],
     compares: Sequence[Compare],
@@ -623,7 +644,7 @@ def write_summary(
             else ""
         ),
         f"Evaluation: plain sampling at temperature {sizes.temperature:g} for every condition. The conditions: "
-        f"`{REFERENCE}` (the team's models before training, the reference), `{TEAM}` (the MAGRPO LoRA team), "
+        f"`{CONTROL}` (the team's models before training, the control), `{TEAM}` (the MAGRPO LoRA team), "
         f"`{SINGLE_AGENT}` (one model trained with GRPO on the same reward, writing every part: the equal-budget "
         "control) and the baselines with the untrained model (`single`: one model writes the whole answer; "
         "`parallel`: the agents answer independently; `sequential`: each sees the earlier agents' answers; "
@@ -726,9 +747,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         sizes = Sizes(
-            ns.steps, ns.rows, ns.samples, ns.new_tokens, ns.code_steps, ns.code_rows, ns.code_samples,
-            ns.code_new_tokens, ns.temperature, tuple(ns.seeds), ns.crossplay_samples, code=not ns.no_code,
-        )  # fmt: skip
+            steps=ns.steps,
+            rows=ns.rows,
+            samples=ns.samples,
+            new_tokens=ns.new_tokens,
+            code_steps=ns.code_steps,
+            code_rows=ns.code_rows,
+            code_samples=ns.code_samples,
+            code_new_tokens=ns.code_new_tokens,
+            temperature=ns.temperature,
+            seeds=tuple(ns.seeds),
+            crossplay_samples=ns.crossplay_samples,
+            code=not ns.no_code,
+        )
     if ns.rewards:
         sizes = dataclasses.replace(sizes, rewards=tuple(dict.fromkeys(ns.rewards)))
     out = ns.out.resolve()
@@ -766,7 +797,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_end": _load(),
         "threads": ns.threads or threads,
     }
-    path = write_summary(out, sizes, trains, compares, train_info, timing, argv, ns.smoke)
+    path = write_summary(
+        out,
+        sizes=sizes,
+        trains=trains,
+        compares=compares,
+        train_info=train_info,
+        timing=timing,
+        argv=argv,
+        smoke=ns.smoke,
+    )
     print(f"summary: {path} ({timing['seconds'] / 60:.1f} min)")
     return 0
 

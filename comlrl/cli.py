@@ -136,7 +136,8 @@ def _train(cfg: runconfig.RunConfig, run_dir: Path, resume_from: Path | None) ->
     trainer.tracker.close()
     if not main:
         return 0
-    print(summary(before, after, trainer.last_eval_samples if after else [], cfg.evaluation.num_samples, run_dir))
+    samples = trainer.last_eval_samples if after else []
+    print(summary(before, after, samples=samples, num_samples=cfg.evaluation.num_samples, run_dir=run_dir))
     if comparison is not None:
         print(comparison.write().table())
         print(f"comparison: {comparison.folder / 'results.md'}")
@@ -190,7 +191,7 @@ def _append_start(path: Path, info: dict) -> None:
     path.write_text(json.dumps({"starts": starts + [info]}, indent=2))
 
 
-def summary(before: dict | None, after: dict | None, samples: list[dict], num_samples: int, run_dir: Path) -> str:
+def summary(before: dict | None, after: dict | None, *, samples: list[dict], num_samples: int, run_dir: Path) -> str:
     """Before/after evaluation rewards (mean and every level) and a few sample completions."""
     lines = [f"run directory: {run_dir}"]
     if before is None and after is None:
@@ -347,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Every condition answers the same held-out rows (the first --rows evaluation rows of the "
         "first condition's config, or of --config), with the same decoding and --samples answers per row, scored "
         "by that config's env. Writes OUT/results.md (a table: team reward with a 95% bootstrap interval over "
-        "rows, the paired difference to --reference, each reward level, the task metric, tokens and seconds per "
+        "rows, the paired difference to --control, each reward level, the task metric, tokens and seconds per "
         "joint answer), results.csv, compare.png, samples.jsonl and summary.json.",
         epilog="""conditions ([NAME=]KIND:TARGET):
   run:DIR                the run's final models; run:DIR@STEP its checkpoint-STEP (a run with num_agents=1:
@@ -370,7 +371,7 @@ examples:
     p.add_argument("conditions", nargs="+", metavar="CONDITION", help="What to evaluate (syntax below).")
     p.add_argument("--rows", type=int, metavar="N", help="The first N evaluation rows (default: all of them).")
     p.add_argument("--samples", type=int, default=1, metavar="K", help="Answers per row (K > 1 needs --temperature).")
-    p.add_argument("--reference", metavar="NAME", help="The condition the others are compared to (default: first).")
+    p.add_argument("--control", metavar="NAME", help="The condition the others are compared to (default: first).")
     p.add_argument("--out", required=True, metavar="DIR", help="The folder the results are written to.")
     p.add_argument(
         "--temperature",

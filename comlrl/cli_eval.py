@@ -28,7 +28,7 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
 
         generate = make_generate(trainer)
         for mode in ns.baseline:
-            results[mode] = run_baseline(env, mode, generate, rows)
+            results[mode] = run_baseline(env, mode, generate=generate, rows=rows)
         print(format_table(results))
     text = json.dumps({"models": models, **results}, indent=2, default=str)
     outputs = [Path(ns.output)] if ns.output else []
@@ -50,7 +50,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         ns.conditions,
         rows=ns.rows,
         samples=ns.samples,
-        reference=ns.reference,
+        control=ns.control,
         temperature=ns.temperature,
         seed=ns.seed,
         out=ns.out,

@@ -8,9 +8,10 @@ same number of samples per row, and every answer is scored by the scoring config
 prompts and ``max_new_tokens`` (a single agent writing every part may be given more tokens than each agent of a team).
 
 The summary per condition: the team reward's mean with a 95% percentile bootstrap interval over rows, the paired
-difference to a reference condition with its interval (:mod:`comlrl.algorithms.bootstrap`), each reward level's
-mean, the env's task metric (pass@1 and pass@k where the env reports ``metric/pass``, accuracy where it reports one),
-tokens and seconds per joint answer, and the ``eval/contribution/...`` metrics of evaluate() when it reports them.
+difference to the control (the condition the others are compared to) with its interval
+(:mod:`comlrl.algorithms.bootstrap`), each reward level's mean, the env's task metric (pass@1 and pass@k where the env
+reports ``metric/pass``, accuracy where it reports one), tokens and seconds per joint answer, and the
+``eval/contribution/...`` metrics of evaluate() when it reports them.
 
 Condition syntax (``[NAME=]KIND:TARGET``)::
 
@@ -73,20 +74,27 @@ def parse_condition(text: str) -> Condition:
                 f"condition {text!r}: a baseline is baseline:MODE@TARGET with MODE one of {', '.join(BASELINES)} "
                 "and TARGET a config or a run directory (e.g. baseline:single@configs/tldr_magrpo.yaml)."
             )
-        return Condition(name or mode, kind, target, None, mode)
+        return Condition(name=name or mode, kind=kind, target=target, mode=mode)
     if kind == "mix":
         from .crossplay import mix_target, parse_agents
 
         agents = parse_agents(rest, text)
-        return Condition(name or "+".join(a.label() for a in agents), kind, mix_target(agents), agents=agents)
+        return Condition(
+            name=name or "+".join(a.label() for a in agents), kind=kind, target=mix_target(agents), agents=agents
+        )
     if kind == "run":
         target, step = strip_step(rest)
         if not Path(target).is_dir():
             raise ComlrlError(f"condition {text!r}: {target} is not a run directory (written by comlrl train).")
-        return Condition(name or (Path(target).name + (f"@{step}" if step is not None else "")), kind, target, step)
+        return Condition(
+            name=name or (Path(target).name + (f"@{step}" if step is not None else "")),
+            kind=kind,
+            target=target,
+            step=step,
+        )
     if not Path(rest).is_file():
         raise ComlrlError(f"condition {text!r}: {rest} is not a file; untrained:CONFIG takes a YAML run config.")
-    return Condition(name or "untrained", kind, rest)
+    return Condition(name=name or "untrained", kind=kind, target=rest)
 
 
 _EXAMPLES = {"run": "runs/quickstart-...", "untrained": "configs/quickstart.yaml", "baseline": "single@CONFIG.yaml"}
@@ -142,7 +150,7 @@ def compare(
     *,
     rows: int | None = None,
     samples: int = 1,
-    reference: str | None = None,
+    control: str | None = None,
     temperature: float = 0.0,
     seed: int = 0,
     out: str | Path | None = None,
@@ -152,7 +160,7 @@ def compare(
     progress: bool = True,
 ) -> Comparison:
     """Evaluate ``conditions`` on the same ``rows`` held-out rows, ``samples`` answers per row (greedy when
-    ``temperature`` is 0, else sampled at it), each against ``reference`` (default: the first condition); write the
+    ``temperature`` is 0, else sampled at it), each against ``control`` (default: the first condition); write the
     outputs to ``out`` when given. ``config``: the run config (or run directory) whose env scores every answer and
     whose evaluation rows are used (default: the first condition's); ``overrides``: ``--set`` values for every config.
     """
@@ -167,9 +175,9 @@ def compare(
     for name in names:
         if names.count(name) > 1:
             raise ComlrlError(f"two conditions are named {name!r}; label them NAME=CONDITION (e.g. {name}-b=...).")
-    reference = reference or names[0]
-    if reference not in names:
-        raise ComlrlError(f"reference {reference!r} is not a condition; the conditions: {', '.join(names)}.")
+    control = control or names[0]
+    if control not in names:
+        raise ComlrlError(f"control {control!r} is not a condition; the conditions: {', '.join(names)}.")
     if samples < 1:
         raise ComlrlError(f"samples must be >= 1, got {samples}.")
     if temperature < 0:
@@ -242,10 +250,10 @@ def compare(
         bar.close()
     summary = summarize(
         records,
-        names,
-        reference,
-        [r["row"] for r in row_info],
-        samples,
+        names=names,
+        control=control,
+        row_ids=[r["row"] for r in row_info],
+        samples=samples,
         seconds={k: v["seconds"] for k, v in timing.items()},
         extras={k: v["extra"] for k, v in timing.items()},
         num_resamples=num_resamples,
@@ -254,7 +262,15 @@ def compare(
     for cond in conds:
         summary[cond.name]["kind"] = cond.kind
         summary[cond.name]["description"] = descriptions[cond.name]
-    result = Comparison(conds, reference, row_info, records, summary, settings, descriptions)
+    result = Comparison(
+        conditions=conds,
+        control=control,
+        rows=row_info,
+        records=records,
+        summary=summary,
+        settings=settings,
+        descriptions=descriptions,
+    )
     if out is not None:
         result.write(out)
     return result
@@ -396,7 +412,7 @@ def _run_baseline(
     rows = [dict(dataset[r]) for r in range(len(dataset)) for _ in range(samples)]
     calls: list[list[int]] = []  # the tokens each generate call made per prompt; every call sends one per row
     generate = make_generate(core, seed=derive_seed(seed, "compare-baseline", cond.mode), tokens=calls)
-    result = baseline_rows(cond_env, cond.mode, generate, rows, reward_func=env.reward_func)
+    result = baseline_rows(cond_env, cond.mode, generate=generate, rows=rows, reward_func=env.reward_func)
     return baseline_records(result, calls, samples), dict(result.metrics)
 
 
@@ -424,18 +440,18 @@ def baseline_records(result: Any, calls: Sequence[Sequence[int]], samples: int) 
 
 def summarize(
     records: list[dict],
+    *,
     names: Sequence[str],
-    reference: str,
+    control: str,
     row_ids: Sequence[int],
     samples: int,
-    *,
     seconds: dict[str, float] | None = None,
     extras: dict[str, dict[str, float]] | None = None,
     num_resamples: int = NUM_RESAMPLES,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Each condition's summary from the per-sample ``records`` (``condition``, ``row``, ``reward``, ``level/*``,
-    ``metric/*``, ``tokens``): the reward's mean and interval over rows, the paired difference to ``reference``, the
+    ``metric/*``, ``tokens``): the reward's mean and interval over rows, the paired difference to ``control``, the
     level means, the task metric, tokens and seconds per joint answer. Every condition must hold every row."""
     by_row: dict[str, dict[int, list[dict]]] = {name: {} for name in names}
     for r in records:
@@ -465,7 +481,7 @@ def summarize(
         stats = dict(num_resamples=num_resamples, seed=seed)
         out[name] = {
             "reward": bootstrap_mean(rewards[name], **stats).as_dict(),
-            "difference": paired_difference(rewards[name], rewards[reference], **stats).as_dict(),
+            "difference": paired_difference(rewards[name], rewards[control], **stats).as_dict(),
             "levels": levels,
             "task": task,
             "tokens_per_answer": _mean([r.get("tokens", 0.0) for r in rec]),

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .crossplay import AgentSource
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Condition:
     """One condition of a comparison (the syntax :func:`comlrl.compare.parse_condition` reads is in
     :mod:`comlrl.compare`)."""
@@ -38,12 +38,12 @@ class Condition:
         return str(Path(self.target).resolve()), self.step
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Comparison:
     """What :func:`comlrl.compare.compare` returns: the settings, the rows, every sample's result and each condition's summary."""
 
     conditions: list[Condition]
-    reference: str
+    control: str  # the condition the others are compared to
     rows: list[dict[str, Any]]  # {"row": id, "key": a hash of the row's content}
     records: list[dict[str, Any]]  # one per condition, row and sample
     summary: dict[str, dict[str, Any]]  # per condition name
@@ -52,7 +52,7 @@ class Comparison:
 
     def table(self) -> str:
         """The summary as a markdown table."""
-        return markdown_table(self.summary, self.reference, self.settings.get("level", LEVEL))
+        return markdown_table(self.summary, self.control, self.settings.get("level", LEVEL))
 
     def write(self, out: str | Path) -> dict[str, Path]:
         """results.md, results.csv, compare.png, samples.jsonl and summary.json in ``out``."""
@@ -79,15 +79,15 @@ def _ci(i: dict) -> str:
     return f"{_num(i['mean'])} [{_num(i['low'])}, {_num(i['high'])}]"
 
 
-def markdown_table(summary: dict[str, dict], reference: str, level: float = LEVEL) -> str:
-    """One row per condition: team reward [CI], the difference to the reference [CI], levels, task metric, tokens and
+def markdown_table(summary: dict[str, dict], control: str, level: float = LEVEL) -> str:
+    """One row per condition: team reward [CI], the difference to the control [CI], levels, task metric, tokens and
     seconds per joint answer, and any evaluate() contribution metrics."""
     levels, task, extra = _columns(summary)
     pct = f"{level * 100:g}%"
     header = [
         "condition",
         f"team reward [{pct} CI]",
-        f"vs {reference} [{pct} CI]",
+        f"vs {control} [{pct} CI]",
         *levels,
         *task,
         "tokens / answer",
@@ -99,7 +99,7 @@ def markdown_table(summary: dict[str, dict], reference: str, level: float = LEVE
         cells = [
             name,
             _ci(s["reward"]),
-            "(reference)" if name == reference else _ci(s["difference"]),
+            "(control)" if name == control else _ci(s["difference"]),
             *(_num(s["levels"].get(k)) for k in levels),
             *(_num(s["task"].get(k)) for k in task),
             _num(s["tokens_per_answer"]),
@@ -126,7 +126,7 @@ def write_outputs(result: Comparison, out: Path) -> dict[str, Path]:
         "",
         f"{s['rows']} held-out rows of {s['env']} (from {s['scoring_config']}), {s['samples']} answer(s) per row, "
         f"{s['decoding']}, seed {s['seed']}. Intervals: {s['level'] * 100:g}% percentile bootstrap over rows "
-        f"({s['num_resamples']} resamples); differences are paired over rows, against {result.reference}.",
+        f"({s['num_resamples']} resamples); differences are paired over rows, against {result.control}.",
         "",
         result.table(),
         "",
@@ -139,12 +139,12 @@ def write_outputs(result: Comparison, out: Path) -> dict[str, Path]:
     ]
     paths["markdown"].write_text("\n".join(lines))
     _write_csv(result, paths["csv"])
-    plot(result.summary, result.reference, paths["plot"])
+    plot(result.summary, result.control, paths["plot"])
     with paths["samples"].open("w") as fh:
         for r in result.records:
             fh.write(json.dumps(r, default=str) + "\n")
     paths["summary"].write_text(
-        json.dumps({"settings": s, "reference": result.reference, "conditions": result.summary}, indent=2, default=str)
+        json.dumps({"settings": s, "control": result.control, "conditions": result.summary}, indent=2, default=str)
     )
     return paths
 
@@ -185,18 +185,18 @@ def _write_csv(result: Comparison, path: Path) -> None:
             )
 
 
-def plot(summary: dict[str, dict], reference: str, path: Path) -> Path:
-    """Bars of each condition's team reward and of its difference to the reference, with interval whiskers."""
+def plot(summary: dict[str, dict], control: str, path: Path) -> Path:
+    """Bars of each condition's team reward and of its difference to the control, with interval whiskers."""
     plt = pyplot()
     names = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(max(FIGSIZE[0], 1.2 * len(names) + 3), FIGSIZE[1]), dpi=DPI)
-    for ax, (key, title) in zip(axes, (("reward", "team reward"), ("difference", f"difference to {reference}"))):
+    for ax, (key, title) in zip(axes, (("reward", "team reward"), ("difference", f"difference to {control}"))):
         means = [summary[n][key]["mean"] for n in names]
         errs = [
             [max(m - summary[n][key]["low"], 0.0) for n, m in zip(names, means)],
             [max(summary[n][key]["high"] - m, 0.0) for n, m in zip(names, means)],
         ]
-        colors = ["tab:gray" if n == reference else "tab:blue" for n in names]
+        colors = ["tab:gray" if n == control else "tab:blue" for n in names]
         ax.bar(range(len(names)), means, yerr=errs, capsize=4, color=colors)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
         ax.set_title(title)

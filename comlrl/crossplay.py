@@ -33,7 +33,7 @@ from .errors import ComlrlError
 AGENT_KINDS = ("run", "untrained")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AgentSource:
     """Where one agent of a mix comes from: a run's trained agent or a config's untrained model.
 
@@ -83,7 +83,7 @@ def parse_agent(text: str, position: int, condition: str) -> AgentSource:
     if not spec:
         raise ComlrlError(f"{where}: empty source; give run:DIR, DIR, untrained or untrained:CONFIG.")
     if spec == "untrained":
-        return AgentSource("untrained", None, None, index)
+        return AgentSource(kind="untrained", index=index)
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in AGENT_KINDS:
         if Path(strip_step(spec)[0]).is_dir():
@@ -99,10 +99,10 @@ def parse_agent(text: str, position: int, condition: str) -> AgentSource:
         target, step = strip_step(rest)
         if not Path(target).is_dir():
             raise ComlrlError(f"{where}: {target} is not a run directory (written by comlrl train).")
-        return AgentSource("run", target, step, index)
+        return AgentSource(kind="run", target=target, step=step, index=index)
     if not Path(rest).is_file():
         raise ComlrlError(f"{where}: {rest} is not a file; untrained:CONFIG takes a YAML run config.")
-    return AgentSource("untrained", rest, None, index)
+    return AgentSource(kind="untrained", target=rest, index=index)
 
 
 def mix_target(agents: Sequence[AgentSource]) -> str:
@@ -116,7 +116,7 @@ def mix_target(agents: Sequence[AgentSource]) -> str:
 # --- building the team --------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Slot:
     """One agent of a mix, resolved: the model source and tokenizer it is built from, the weights loaded into it."""
 
@@ -129,7 +129,7 @@ class Slot:
     weights: Path | None = None  # what is loaded into the built agent (set by plan_mix)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MixPlan:
     """A mix checked against the scoring env, ready to load: its slots and the config it is built from."""
 
@@ -177,7 +177,7 @@ def plan_mix(condition: Any, scoring: str | Path, env: Any, overrides: Sequence[
         home.cfg, model=None, agents=[s.source for s in slots], num_agents=None, tokenizer=tokenizers, lora=lora
     )
     output_dir = str(home.run_dir) if home.run_dir is not None else home.cfg.output_dir or "output"
-    return MixPlan(name, slots, cfg, output_dir)
+    return MixPlan(name=name, slots=slots, cfg=cfg, output_dir=output_dir)
 
 
 def _slot(name: str, i: int, *, a: AgentSource, scoring: Path, env: Any, overrides: Sequence[str]) -> Slot:
@@ -204,7 +204,9 @@ def _slot(name: str, i: int, *, a: AgentSource, scoring: Path, env: Any, overrid
     base = cfg.agents[j] if cfg.agents is not None else cfg.model
     tokenizer = cfg.tokenizer[j] if isinstance(cfg.tokenizer, list) else cfg.tokenizer or base
     if a.kind == "untrained":
-        return Slot(base, tokenizer, cfg, description=f"agent {j}'s model of {path} ({base}), untrained")
+        return Slot(
+            source=base, tokenizer=tokenizer, cfg=cfg, description=f"agent {j}'s model of {path} ({base}), untrained"
+        )
     num_models = getattr(cfg.algo.trainer_class(), "num_models", None) or cfg.team_size
     if num_models != cfg.team_size:
         raise ComlrlError(
@@ -214,7 +216,14 @@ def _slot(name: str, i: int, *, a: AgentSource, scoring: Path, env: Any, overrid
     folder = trained_models(path, a.step, num_models)
     what = "final models" if folder.name == "final" else folder.name
     lora = f", a LoRA adapter on {base}" if cfg.lora is not None else ""
-    return Slot(base, tokenizer, cfg, path, folder / f"agent_{j}", f"agent {j} of run {path} ({what}){lora}")
+    return Slot(
+        source=base,
+        tokenizer=tokenizer,
+        cfg=cfg,
+        run_dir=path,
+        saved=folder / f"agent_{j}",
+        description=f"agent {j} of run {path} ({what}){lora}",
+    )
 
 
 def open_mix(plan: MixPlan) -> tuple[Any, Any, dict[str, Any]]:

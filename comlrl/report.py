@@ -307,10 +307,10 @@ def comparison_section(run_dir: Path) -> list[str]:
         "",
         f"The trained team against the untrained team and the baselines on the {s['rows']} held-out rows "
         f"({s['decoding']}, {s['samples']} answer(s) per row): the team reward's mean with its {pct} bootstrap "
-        f"interval over rows, and the paired difference to {data['reference']} with its interval. Details: "
+        f"interval over rows, and the paired difference to {data['control']} with its interval. Details: "
         f"[{FOLDER}/results.md]({FOLDER}/results.md).",
         "",
-        markdown_table(data["conditions"], data["reference"], s["level"]),
+        markdown_table(data["conditions"], data["control"], s["level"]),
         "",
         f"![comparison]({FOLDER}/compare.png)",
         "",

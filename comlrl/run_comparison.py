@@ -3,8 +3,8 @@
 ``comlrl train`` evaluates the team on the evaluation rows before and after training. With ``evaluation.compare``
 it also sets the trained team beside the untrained team and the named baselines (:mod:`comlrl.envs.core.baselines`)
 on those rows, and writes :mod:`comlrl.compare`'s outputs into ``RUN_DIR/compare/`` (results.md, results.csv,
-compare.png, samples.jsonl, summary.json); the run report shows its table. The reference of the paired differences
-is the untrained team.
+compare.png, samples.jsonl, summary.json); the run report shows its table. The control of the paired differences
+(the condition the others are compared to) is the untrained team.
 
 Only the baselines are evaluated for it. The untrained team's per-row results are those of the 'before' evaluation
 and the trained team's those of the 'after' evaluation: both are ``trainer.evaluate()`` on the trainer's
@@ -86,7 +86,8 @@ class RunComparison:
                 f"evaluation.compare: {type(core).__name__}.evaluate() keeps no per-row results "
                 "(last_eval_episodes); remove evaluation.compare for this algorithm."
             )
-        self._save(TAGS[tag], "run" if tag == "after" else "untrained", episode_records(episodes), seconds, {})
+        kind = "run" if tag == "after" else "untrained"
+        self._save(TAGS[tag], kind=kind, records=episode_records(episodes), seconds=seconds, extra={})
 
     def run_baselines(self, trainer: Any) -> None:
         """Run each baseline not yet saved with the trainer's agents, which must be untrained (before training)."""
@@ -105,7 +106,7 @@ class RunComparison:
             )
             start = time.perf_counter()
             try:
-                result = baseline_rows(self.env, mode, generate, rows, reward_func=self.env.reward_func)
+                result = baseline_rows(self.env, mode, generate=generate, rows=rows, reward_func=self.env.reward_func)
             except NotImplementedError as exc:
                 raise ComlrlError(
                     f"evaluation.compare: environment {self.env.name!r} has no {mode!r} baseline (its single-agent "
@@ -116,14 +117,14 @@ class RunComparison:
             ids = self._row_ids()
             for r in records:
                 r["row"] = ids[r["row"]]
-            self._save(mode, "baseline", records, seconds, dict(result.metrics))
+            self._save(mode, kind="baseline", records=records, seconds=seconds, extra=dict(result.metrics))
 
     def _row_ids(self) -> list[int]:
         """The rows the untrained team answered (the evaluation's, up to ``eval_max_rows``)."""
         saved = self._load(UNTRAINED)
         return sorted({r["row"] for r in saved["records"]})
 
-    def _save(self, name: str, kind: str, records: list[dict], seconds: float, extra: dict) -> None:
+    def _save(self, name: str, *, kind: str, records: list[dict], seconds: float, extra: dict) -> None:
         from .compare import row_key
 
         for r in records:
@@ -163,10 +164,10 @@ class RunComparison:
         records = [{"condition": name, **r} for name in names for r in saved[name]["records"]]
         summary = summarize(
             records,
-            names,
-            UNTRAINED,
-            row_ids,
-            per_row,
+            names=names,
+            control=UNTRAINED,
+            row_ids=row_ids,
+            samples=per_row,
             seconds={name: saved[name]["seconds"] for name in names},
             extras={name: saved[name]["extra"] for name in names},
             num_resamples=NUM_RESAMPLES,
@@ -178,9 +179,9 @@ class RunComparison:
             **{m: f"baseline '{m}' with the untrained models, run before training" for m in self.modes},
         }
         conditions = [
-            Condition(TRAINED, "run", str(self.run_dir)),
-            Condition(UNTRAINED, "untrained", self.config),
-            *(Condition(m, "baseline", self.config, None, m) for m in self.modes),
+            Condition(name=TRAINED, kind="run", target=str(self.run_dir)),
+            Condition(name=UNTRAINED, kind="untrained", target=self.config),
+            *(Condition(name=m, kind="baseline", target=self.config, step=None, mode=m) for m in self.modes),
         ]
         for cond in conditions:
             summary[cond.name]["kind"] = cond.kind
@@ -197,7 +198,15 @@ class RunComparison:
             "num_resamples": NUM_RESAMPLES,
         }
         rows = [{"row": i, "key": keys[i]} for i in row_ids]
-        result = Comparison(conditions, UNTRAINED, rows, records, summary, settings, descriptions)
+        result = Comparison(
+            conditions=conditions,
+            control=UNTRAINED,
+            rows=rows,
+            records=records,
+            summary=summary,
+            settings=settings,
+            descriptions=descriptions,
+        )
         result.write(self.folder)
         return result
 

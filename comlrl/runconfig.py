@@ -53,7 +53,7 @@ from .errors import ConfigError
 # --- algorithms -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Algorithm:
     """A trainer the command line can run: import paths 'module:Name' of its class and its config class."""
 
@@ -76,7 +76,7 @@ def register_algorithm(name: str, trainer: str, config: str, description: str = 
     """Make ``algorithm: name`` available in run configs (import paths are resolved when used)."""
     if name in ALGORITHMS:
         raise ConfigError(f"algorithm '{name}' is already registered ({ALGORITHMS[name].trainer}).")
-    ALGORITHMS[name] = Algorithm(name, trainer, config, description)
+    ALGORITHMS[name] = Algorithm(name=name, trainer=trainer, config=config, description=description)
     return ALGORITHMS[name]
 
 

@@ -223,7 +223,15 @@ def make_generate(
             adapters = [agent.adapter] * len(batch) if agent.adapter is not None else None
             seeds = None if seed is None else [derive_seed(seed, agent_index, call, lo + j) for j in range(len(batch))]
             samples = generate_batch(
-                agent.model, agent.tokenizer, batch, 1, budget, agent.chat, trainer.rollout_dtype, adapters, seeds
+                agent.model,
+                agent.tokenizer,
+                batch,
+                num_generations=1,
+                settings=budget,
+                chat=agent.chat,
+                autocast_dtype=trainer.rollout_dtype,
+                adapter_names=adapters,
+                row_seeds=seeds,
             )
             out.extend(samples.texts)
             counts.extend(int(n) for n in samples.completion_mask.sum(dim=1))

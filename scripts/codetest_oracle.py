@@ -1,4 +1,4 @@
-"""Check the codetest oracle on every problem: the reference solution as agent 1 and the problem's hidden asserts as
+"""Check the codetest oracle on every problem: the canonical solution as agent 1 and the problem's hidden asserts as
 agent 2 should earn the maximum team reward (7.0). Also prints the mutant statistics.
 
     python scripts/codetest_oracle.py                      # MBPP (all 974 tasks) and HumanEval (164)
@@ -33,7 +33,7 @@ def check(benchmark: str, limit: int | None, batch: int) -> dict:
     for lo in range(0, len(rows), batch):
         part = rows[lo : lo + batch]
         tests = ["\n".join(hidden_asserts(task_from_row(r), env.reward_func.max_tests)) for r in part]
-        scores += env.reward_func.score([r["reference"] for r in part], tests, batch_items=part)
+        scores += env.reward_func.score([r["canonical_solution"] for r in part], tests, batch_items=part)
         print(f"{benchmark}: {len(scores)}/{len(rows)} ({time.time() - start:.0f} s)", file=sys.stderr)
     below = []
     for row, score in zip(rows, scores):

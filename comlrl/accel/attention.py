@@ -28,7 +28,7 @@ from .modules import is_checkpointing, unwrap_peft
 IMPLEMENTATION = "comlrl_slots"  # the name under which transformers' AttentionInterface knows slot_attention
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SlotLayout:
     """Where a packed row's blocks are, with their additive masks (0 / -inf) cut from the row's (U, 1, L, L) mask."""
 
@@ -56,11 +56,13 @@ def slot_layout(bias: torch.Tensor, prompt: int, slots: int, width: int) -> Slot
         seen[:, :, p + j * c : p + (j + 1) * c, p + j * c : p + (j + 1) * c] = False
     if bool(seen.any()):
         raise ValueError("mask lets tokens attend outside the prompt and their own completion slot")
-    return SlotLayout(p, k, c, bias[:, :, :p, :p], torch.cat([rows[..., :p], own], dim=-1))
+    return SlotLayout(
+        prompt=p, slots=k, width=c, prompt_bias=bias[:, :, :p, :p], slot_bias=torch.cat([rows[..., :p], own], dim=-1)
+    )
 
 
 def slot_attention_values(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: SlotLayout, scaling: float
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layout: SlotLayout, scaling: float
 ) -> torch.Tensor:
     """softmax(q k^T * scaling + mask) v over a packed row, block by block; (U, Hq, L, D), (U, Hkv, L, D) x 2 ->
     (U, L, Hq, D). Same op sequence per block as transformers' eager attention (scores in the input dtype, softmax in
@@ -108,7 +110,7 @@ def _attention_forward(
     if dropout and module.training:
         raise ValueError("slot attention has no attention dropout; set the model's attention_dropout to 0")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return slot_attention_values(query, key, value, layout, scale), None
+    return slot_attention_values(query, key, value, layout=layout, scaling=scale), None
 
 
 AttentionInterface.register(IMPLEMENTATION, _attention_forward)

@@ -180,7 +180,9 @@ def fast_generate(
             eos_token_ids=eos_token_ids,
             pad_token_id=pad_token_id,
             logprobs=logprobs,
-            scoring=SamplerSettings(temperature, top_k, top_p) if do_sample else SamplerSettings(temperature),
+            scoring=SamplerSettings(temperature=temperature, top_k=top_k, top_p=top_p)
+            if do_sample
+            else SamplerSettings(temperature=temperature),
             seen=seen,
             repetition_penalty=repetition_penalty,
         )

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplerSettings:
     """What shapes the distribution a sampled token is drawn from, in the order applied: the repetition penalty on
     the raw logits, the temperature, top-k, top-p (vLLM's order and transformers' alike)."""

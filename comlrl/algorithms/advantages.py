@@ -163,7 +163,12 @@ def turn_sums(rewards: list[torch.Tensor], children: list[torch.Tensor]) -> torc
 
 
 def tree_gae(
-    rewards: list[torch.Tensor], values: list[torch.Tensor], children: list[torch.Tensor], discount: float, lam: float
+    rewards: list[torch.Tensor],
+    values: list[torch.Tensor],
+    children: list[torch.Tensor],
+    *,
+    discount: float,
+    lam: float,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """GAE(lambda) over the multi-turn tree (Schulman et al. 2016), with V from *before* the critic update.
 

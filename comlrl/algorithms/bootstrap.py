@@ -66,16 +66,16 @@ def bootstrap_mean(
 
 def paired_difference(
     values: Sequence[float],
-    reference: Sequence[float],
+    control: Sequence[float],
     *,
     level: float = LEVEL,
     num_resamples: int = NUM_RESAMPLES,
     seed: int = 0,
 ) -> Interval:
-    """``mean(values - reference)`` over rows and its bootstrap interval, resampling the rows' differences."""
-    a, b = _rows(values, "values"), _rows(reference, "reference")
+    """``mean(values - control)`` over rows and its bootstrap interval, resampling the rows' differences."""
+    a, b = _rows(values, "values"), _rows(control, "control")
     if len(a) != len(b):
-        raise ValueError(f"a paired difference needs the same rows: {len(a)} values against {len(b)} reference rows.")
+        raise ValueError(f"a paired difference needs the same rows: {len(a)} values against {len(b)} control rows.")
     return bootstrap_mean(a - b, level=level, num_resamples=num_resamples, seed=seed)
 
 

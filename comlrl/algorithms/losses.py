@@ -84,6 +84,7 @@ def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
+    *,
     weights: torch.Tensor,
     epsilon: float = 0.2,
     ref_logp: torch.Tensor | None = None,

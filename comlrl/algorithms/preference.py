@@ -71,6 +71,7 @@ def agent_margins(
     policy_rejected: torch.Tensor,
     ref_chosen: torch.Tensor | None = None,
     ref_rejected: torch.Tensor | None = None,
+    *,
     reference_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The team's log-ratio margin, once per agent with only that agent's term differentiable.
@@ -104,6 +105,7 @@ def team_dpo_loss(
     policy_rejected: torch.Tensor,
     ref_chosen: torch.Tensor | None,
     ref_rejected: torch.Tensor | None,
+    *,
     beta: float,
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
@@ -136,7 +138,7 @@ def team_dpo_loss(
         raise ValueError(f"label_smoothing applies to loss_type 'sigmoid' only, not '{loss_type}'")
     if policy_chosen.dim() == 2 and policy_chosen.shape[1] == 0:
         raise ValueError("no preference pairs (P = 0)")
-    h_agents, h = agent_margins(policy_chosen, policy_rejected, ref_chosen, ref_rejected, reference_free)
+    h_agents, h = agent_margins(policy_chosen, policy_rejected, ref_chosen, ref_rejected, reference_free=reference_free)
     loss_fn = DPO_LOSSES[loss_type]
     w = torch.ones_like(h) if pair_weights is None else pair_weights.to(h)
     if w.shape != h.shape or (w < 0).any():
@@ -185,6 +187,7 @@ class PairSelection:
 
 def select_pairs(
     rewards: torch.Tensor,
+    *,
     mode: str = "reward_gap",
     pairs_per_prompt: int | None = None,
     generator: torch.Generator | None = None,

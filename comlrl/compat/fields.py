@@ -170,7 +170,7 @@ def translate(cls: type, kwargs: dict[str, Any], fields: set[str]) -> dict[str, 
             continue
         converted = rule.convert(value, merged)
         if key in kwargs:
-            _note(cls.__name__, key, value, rule.note, converted)
+            _note(cls.__name__, key, value, note=rule.note, converted=converted)
         for k, v in converted.items():
             if k == "rl_args":  # stage 3's settings add up, the caller's own rl_args win key by key (below)
                 out[k] = {**out.get(k, {}), **v}
@@ -212,7 +212,7 @@ def _field_value(cls: type, out: dict[str, Any], name: str) -> Any:
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
-def _note(cls_name: str, key: str, value: Any, note: str, converted: dict) -> None:
+def _note(cls_name: str, key: str, value: Any, *, note: str, converted: dict) -> None:
     if (cls_name, key) in _logged:
         return
     _logged.add((cls_name, key))

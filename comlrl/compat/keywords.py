@@ -179,7 +179,7 @@ def wandb_init_kwargs(wandb_config: Any) -> dict:
     return {k: v for k, v in init.items() if v is not None}
 
 
-def eval_extras(hooks: CompatHooks, completions: list, rows: list[dict], prompts: list[str], num_turns: int) -> dict:
+def eval_extras(hooks: CompatHooks, completions: list, rows: list[dict], prompts: list[str], *, num_turns: int) -> dict:
     """``eval/<key>`` metrics from the reference's eval_logger + eval_aggregator.
 
     ``completions[agent][row][turn]``: each agent's answer along each evaluated row's path; ``rows``: the dataset
@@ -215,7 +215,7 @@ def _note(name: str, text: str) -> None:
         log.info("%s (%s) %s", name, REFERENCE, text)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutSample:
     """One agent's sample as the reference's ``metrics_callback`` receives it (its IAC/MAAC ``RolloutSample``):
     the fields its callbacks read; the token tensors of the reference's record are not kept here (None)."""

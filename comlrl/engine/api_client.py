@@ -153,7 +153,7 @@ def public_url(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, p.netloc.rpartition("@")[2], p.path, "", ""))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class APIClient:
     """One endpoint: ``complete(prompt, n)`` returns n :class:`Answer`, in as many requests as the format needs;
     ``complete_all`` sends the requests of many prompts ``concurrency`` at a time (answers in prompt order)."""

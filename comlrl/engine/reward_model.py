@@ -125,6 +125,7 @@ def clean_copy(model: torch.nn.Module) -> PreTrainedModel:
 def build_reward_model(
     source: str | PreTrainedModel,
     tokenizer: str | PreTrainedTokenizerBase | None = None,
+    *,
     training: str = "lora",
     lora_r: int = 8,
     device: str | torch.device = "cpu",
@@ -179,6 +180,7 @@ def _forward(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[list[str]],
     answers: list[list[str]],
+    *,
     max_length: int,
 ) -> torch.Tensor:
     ids, mask = encode_texts(tokenizer, joint_texts(tokenizer, prompts, answers), max_length)
@@ -191,6 +193,7 @@ def score_joint(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[list[str]],
     answers: list[list[str]],
+    *,
     batch_size: int = 16,
     max_length: int = 1024,
 ) -> torch.Tensor:
@@ -205,7 +208,9 @@ def score_joint(
     with torch.no_grad():
         for lo in range(0, m, batch_size):
             sl = slice(lo, lo + batch_size)
-            out.append(_forward(model, tokenizer, [p[sl] for p in prompts], [a[sl] for a in answers], max_length))
+            out.append(
+                _forward(model, tokenizer, [p[sl] for p in prompts], [a[sl] for a in answers], max_length=max_length)
+            )
     return torch.cat(out).float().cpu() if out else torch.empty(0)
 
 
@@ -213,6 +218,7 @@ def pair_scores(
     model: JointRewardModel,
     tokenizer: PreTrainedTokenizerBase,
     batch: Sequence[dict],
+    *,
     num_agents: int,
     max_length: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,7 +227,7 @@ def pair_scores(
     answers = [
         [pair["chosen"][i] for pair in batch] + [pair["rejected"][i] for pair in batch] for i in range(num_agents)
     ]
-    scores = _forward(model, tokenizer, prompts, answers, max_length)
+    scores = _forward(model, tokenizer, prompts, answers, max_length=max_length)
     return scores[: len(batch)], scores[len(batch) :]
 
 
@@ -229,6 +235,7 @@ def score_pairs(
     model: JointRewardModel,
     tokenizer: PreTrainedTokenizerBase,
     pairs: Sequence[dict],
+    *,
     num_agents: int,
     batch_size: int,
     max_length: int,
@@ -238,7 +245,7 @@ def score_pairs(
     def side(key: str) -> torch.Tensor:
         prompts = [[pair["prompts"][i] for pair in pairs] for i in range(num_agents)]
         answers = [[pair[key][i] for pair in pairs] for i in range(num_agents)]
-        return score_joint(model, tokenizer, prompts, answers, batch_size, max_length)
+        return score_joint(model, tokenizer, prompts, answers, batch_size=batch_size, max_length=max_length)
 
     return side("chosen"), side("rejected")
 
@@ -247,12 +254,13 @@ def pair_score_stats(
     model: JointRewardModel,
     tokenizer: PreTrainedTokenizerBase,
     pairs: Sequence[dict],
+    *,
     batch_size: int = 16,
     max_length: int = 1024,
 ) -> tuple[float, float]:
     """:func:`score_stats` of the model's scores of every pair's two joint answers (chosen and rejected)."""
     n = check_pairs(pairs)
-    chosen, rejected = score_pairs(model, tokenizer, pairs, n, batch_size, max_length)
+    chosen, rejected = score_pairs(model, tokenizer, pairs, num_agents=n, batch_size=batch_size, max_length=max_length)
     return score_stats(torch.cat([chosen, rejected]))
 
 
@@ -274,6 +282,7 @@ class RewardModelReward:
         self,
         model: JointRewardModel,
         tokenizer: PreTrainedTokenizerBase,
+        *,
         task_reward: Callable | None = None,
         task_weight: float = 1.0,
         batch_size: int = 16,
@@ -319,7 +328,9 @@ class RewardModelReward:
         raw = [self.score_mean] * m
         if ok:
             pick = [[texts[j] for j in ok] for texts in prompts], [[texts[j] for j in ok] for texts in completions]
-            scores = score_joint(self.model, self.tokenizer, *pick, self.batch_size, self.max_length).tolist()
+            scores = score_joint(
+                self.model, self.tokenizer, *pick, batch_size=self.batch_size, max_length=self.max_length
+            ).tolist()
             for j, value in zip(ok, scores):
                 raw[j] = value
         skipped = [w for w in why if w is not None]

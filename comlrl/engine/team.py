@@ -40,6 +40,7 @@ def build_lora_team(
     models: list[PreTrainedModel],
     groups: list[int],
     peft_config: Any,
+    *,
     agents: list[int] | None = None,
     seeds: list[int] | None = None,
 ) -> list[tuple[Any, str]]:

@@ -103,7 +103,7 @@ def check_value(value: Any, possible: list, detail: dict) -> str | None:
     return None if ok else "wrong value"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CallCheck:
     """One call against one needed call: accepted by BFCL, and the arguments right out of those considered."""
 
@@ -141,4 +141,4 @@ def check_call(doc: dict | None, args: dict, possible: dict) -> CallCheck:
             errors.append(f"missing required argument '{name}'")
         elif name in possible and "" not in possible[name]:
             errors.append(f"missing argument '{name}'")
-    return CallCheck(not errors, len(names) - len(errors), len(names), tuple(errors))
+    return CallCheck(valid=not errors, n_ok=len(names) - len(errors), n_total=len(names), errors=tuple(errors))

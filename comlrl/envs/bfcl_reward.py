@@ -137,7 +137,7 @@ def calls_json(calls: list[Call]) -> str:
 # --- tasks and scoring -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BfclTask:
     """A request: its functions' docs and the needed calls (name, possible arguments), in order."""
 
@@ -170,22 +170,24 @@ class BfclTask:
 
 
 @functools.lru_cache(maxsize=4096)
-def _task(task_id: str, category: str, question: str, functions: str, ground_truth: str) -> BfclTask:
+def _task(*, task_id: str, category: str, question: str, functions: str, ground_truth: str) -> BfclTask:
     needed = []
     for call in json.loads(ground_truth):
         [(name, possible)] = call.items()
         needed.append((name, possible))
-    return BfclTask(task_id, category, question, tuple(json.loads(functions)), tuple(needed))
+    return BfclTask(
+        id=task_id, category=category, question=question, functions=tuple(json.loads(functions)), needed=tuple(needed)
+    )
 
 
 def task_from_row(row: dict) -> BfclTask:
     """The task of a normalised row (``id``, ``category``, ``question``, ``functions``, ``ground_truth``)."""
     return _task(
-        str(row.get("id", "")),
-        str(row.get("category", "")),
-        str(row["question"]),
-        row["functions"],
-        row["ground_truth"],
+        task_id=str(row.get("id", "")),
+        category=str(row.get("category", "")),
+        question=str(row["question"]),
+        functions=row["functions"],
+        ground_truth=row["ground_truth"],
     )
 
 
@@ -239,7 +241,7 @@ def _call_key(task: BfclTask, call: Call) -> tuple:
     return task.canonical(call.name), _canonical_args(call.args)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BfclJudgement:
     """Everything known about one joint answer."""
 
@@ -341,7 +343,18 @@ def judge(task: BfclTask, replies: list[str]) -> BfclJudgement:
         "metric/n_duplicates": float(len(duplicates)),
         "metric/split_followed": float(split_followed),
     }
-    return BfclJudgement(task, per_agent, calls, checks, pairs, parts, part_pairs, duplicates, levels, metrics)
+    return BfclJudgement(
+        task=task,
+        per_agent=per_agent,
+        calls=calls,
+        checks=checks,
+        pairs=pairs,
+        parts=parts,
+        part_pairs=part_pairs,
+        duplicates=duplicates,
+        levels=levels,
+        metrics=metrics,
+    )
 
 
 def oracle_replies(task: BfclTask, num_agents: int = 2) -> list[str]:

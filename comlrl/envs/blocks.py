@@ -288,7 +288,7 @@ def _parse_row(row: dict) -> BlocksTask:
 # --- scoring -------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BlocksJudgement:
     """One joint answer: its commands, the grid they build and the levels."""
 
@@ -363,7 +363,7 @@ def judge(task: BlocksTask, replies: list[str]) -> BlocksJudgement:
         "metric/n_invalid": float(n_invalid),
         **{f"metric/agent_{i + 1}_valid": float(sum(c.valid for c in cs)) for i, cs in enumerate(per_agent)},
     }
-    return BlocksJudgement(task, commands, grid, levels, metrics)
+    return BlocksJudgement(task=task, commands=commands, grid=grid, levels=levels, metrics=metrics)
 
 
 class BlocksReward(TeamReward):

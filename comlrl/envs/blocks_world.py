@@ -16,7 +16,7 @@ EMPTY = "."
 MAX_COMMANDS = 24  # per agent and task
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BlocksTask:
     """A target: grid size, target cells -> block, each agent's palette and part, the command limit."""
 
@@ -51,7 +51,7 @@ _COMMAND = re.compile(
 _BLOCK = re.compile(r"^(?:minecraft:)?([a-z_]+)$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Command:
     """A command line of an agent: the box it fills and the block, or why it was rejected."""
 
@@ -82,29 +82,39 @@ def parse_command(line: str, agent: int, task: BlocksTask, palette: tuple[str, .
     """Check one command line (syntax, bounds, palette); the count limit is checked by :func:`read_commands`."""
     match = _COMMAND.match(line)
     if match is None:
-        return Command(agent, line, error="not a command")
+        return Command(agent=agent, line=line, error="not a command")
     verb = (match.group("verb") or match.group("bare")).lower()
     rest = match.group("rest").strip().rstrip("`").split()
     want = 7 if verb == "fill" else 4
     if len(rest) < want or not all(re.fullmatch(r"-?\d+", t) for t in rest[: want - 1]):
-        return Command(agent, line, error=f"not '/{verb} {'x1 y1 z1 x2 y2 z2' if verb == 'fill' else 'x y z'} block'")
+        return Command(
+            agent=agent, line=line, error=f"not '/{verb} {'x1 y1 z1 x2 y2 z2' if verb == 'fill' else 'x y z'} block'"
+        )
     if len(rest) > want and rest[want:] != ["replace"]:
-        return Command(agent, line, error="unexpected words after the block")
+        return Command(agent=agent, line=line, error="unexpected words after the block")
     coords = [int(t) for t in rest[: want - 1]]
     if verb == "setblock":
         coords = coords * 2
     block_match = _BLOCK.match(rest[want - 1].lower())
     if block_match is None:
-        return Command(agent, line, error=f"'{rest[want - 1]}' is not a block name")
+        return Command(agent=agent, line=line, error=f"'{rest[want - 1]}' is not a block name")
     block = block_match.group(1)
     x1, y1, z1, x2, y2, z2 = coords
     box = (min(x1, x2), min(y1, y2), min(z1, z2), max(x1, x2), max(y1, y2), max(z1, z2))
     if not (task.in_bounds(*box[:3]) and task.in_bounds(*box[3:])):
         sx, sy, sz = task.size
-        return Command(agent, line, box, block, f"outside the grid (x 0-{sx - 1}, y 0-{sy - 1}, z 0-{sz - 1})")
+        return Command(
+            agent=agent,
+            line=line,
+            box=box,
+            block=block,
+            error=f"outside the grid (x 0-{sx - 1}, y 0-{sy - 1}, z 0-{sz - 1})",
+        )
     if block != AIR and block not in palette:
-        return Command(agent, line, box, block, f"{block} is not in your palette ({', '.join(palette)})")
-    return Command(agent, line, box, block)
+        return Command(
+            agent=agent, line=line, box=box, block=block, error=f"{block} is not in your palette ({', '.join(palette)})"
+        )
+    return Command(agent=agent, line=line, box=box, block=block)
 
 
 def read_commands(text: str, agent: int, *, task: BlocksTask, palette: tuple[str, ...], limit: int) -> list[Command]:
@@ -113,7 +123,13 @@ def read_commands(text: str, agent: int, *, task: BlocksTask, palette: tuple[str
     for line in command_lines(text):
         command = parse_command(line, agent, task, palette)
         if len(out) >= limit:
-            command = Command(agent, line, command.box, command.block, f"over the limit of {limit} commands")
+            command = Command(
+                agent=agent,
+                line=line,
+                box=command.box,
+                block=command.block,
+                error=f"over the limit of {limit} commands",
+            )
         out.append(command)
     return out
 

@@ -275,9 +275,9 @@ class WritingReward(TeamReward):
         self,
         num_agents: int,
         name: str,
+        *,
         tiers: WritingTiers,
         context: Callable[[dict], TaskContext] | None = None,
-        *,
         published: bool = False,
     ) -> None:
         """``context``: a row's :class:`TaskContext` (its source and prompts); None checks no source.
@@ -337,7 +337,9 @@ class WritingEnv(Env):
         tiers = tiers if jaccard_cap is None else dataclasses.replace(tiers, jaccard_cap=jaccard_cap)
         self.reward = reward
         self._contexts: dict[str | None, TaskContext] = {}
-        self.reward_func = WritingReward(num_agents, self.name, tiers, self.task_context, published=reward != "strict")
+        self.reward_func = WritingReward(
+            num_agents, self.name, tiers=tiers, context=self.task_context, published=reward != "strict"
+        )
         self.external_transition = None
 
     def _text(self, row: dict) -> str:

@@ -66,7 +66,7 @@ def save_checkpoint(trainer: Any, output_dir: str | os.PathLike | None = None) -
     step = trainer.state["step"]
     tmp = Path(make_tmp(root, step))
     try:
-        write_parts(trainer, tmp, rng)
+        write_parts(trainer, tmp, rng=rng)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -80,7 +80,7 @@ def make_tmp(root: Path, step: int) -> str:
 
 
 def write_parts(
-    trainer: Any, tmp: Path, rng: dict, rank: int = 0, owns_agent: Any = None, owns_critic: Any = None
+    trainer: Any, tmp: Path, *, rng: dict, rank: int = 0, owns_agent: Any = None, owns_critic: Any = None
 ) -> None:
     """What process ``rank`` writes into ``tmp`` and fsyncs: its agents (weights or adapters, optimizer and scheduler
     states), its critics (``critics.rank<rank>.pt``, joined by :func:`publish`) and its RNG state.

@@ -141,21 +141,26 @@ def init(timeout_s: float | None = None, device: torch.device | str = "auto", of
     return True
 
 
-def run_once(fn: Callable, *args: Any) -> Any:
-    """``fn(*args)`` on rank 0 only (or simply called outside torchrun); every rank gets its result or its exception."""
+def run_once(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on rank 0 only (or simply called outside torchrun); every rank gets its result or its
+    exception."""
     if not (dist.is_available() and dist.is_initialized()):
-        return fn(*args)
+        return fn(*args, **kwargs)
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")  # (objects travel on gloo)
-    return run_on_rank0(fn, args, group, dist.get_rank(), lambda what, exc: DistributedError(f"{what} failed: {exc}"))
+    return run_on_rank0(fn, args, kwargs, group=group, rank=dist.get_rank(), fail=_failed)
 
 
-def run_on_rank0(fn: Callable, args: tuple, group: Any, rank: int, fail: Callable) -> Any:
-    """``fn(*args)`` on rank 0, its result or exception broadcast over ``group``; ``fail(what, exc)`` makes the error
-    of a failed broadcast."""
+def _failed(what: str, exc: BaseException) -> DistributedError:
+    return DistributedError(f"{what} failed: {exc}")
+
+
+def run_on_rank0(fn: Callable, args: tuple, kwargs: dict, *, group: Any, rank: int, fail: Callable) -> Any:
+    """``fn(*args, **kwargs)`` on rank 0, its result or exception broadcast over ``group``; ``fail(what, exc)`` makes
+    the error of a failed broadcast."""
     result, error = None, None
     if rank == 0:
         try:
-            result = fn(*args)
+            result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 -- re-raised below, on every rank
             error = exc
     what = f"share {getattr(fn, '__name__', 'result')} from rank 0"

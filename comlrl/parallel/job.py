@@ -86,23 +86,23 @@ class ProcessTeam(Protocol):
     def owns_critic(self, agent: int | None) -> bool: ...
     def all_gather(self, obj: Any, what: str, group: Any = None) -> list[Any]: ...
     def sync(self, what: str, error: BaseException | None = None) -> None: ...
-    def run_once(self, fn: Callable, *args: Any) -> Any: ...
+    def run_once(self, fn: Callable, *args: Any, **kwargs: Any) -> Any: ...
     def require_one_process(self, message: str) -> None: ...
     def generate_team(
         self,
         agents: list,
         nodes: list,
         g: int,
+        *,
         settings: Any,
         autocast_dtype: Any = None,
         seed: int | None = None,
-        *,
         generate_team: Callable[..., list[Samples]],
     ) -> list[Samples]: ...
     def local_rows(self, batches: list, weights: list[torch.Tensor], num_generations: int) -> tuple[list, list]: ...
     def reduce_gradients(self, agent: Any, sums: dict[str, float]) -> dict[str, float]: ...
     def sum_gradients(
-        self, params: list, sums: dict[str, float], group: Any, object_group: Any, what: str
+        self, params: list, sums: dict[str, float], *, group: Any, object_group: Any, what: str
     ) -> dict[str, float]: ...
     def sum_metrics(self, sums: dict[str, float], object_group: Any, what: str) -> dict[str, float]: ...
     def critic_shard(self, agent: int | None) -> tuple[int, int, Any, Any]: ...
@@ -171,8 +171,8 @@ class LocalTeam:
         if error is not None:
             raise error
 
-    def run_once(self, fn: Callable, *args: Any) -> Any:
-        return fn(*args)
+    def run_once(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
 
     def require_one_process(self, message: str) -> None:
         """Nothing to refuse in one process."""
@@ -183,14 +183,14 @@ class LocalTeam:
         agents: list,
         nodes: list,
         g: int,
+        *,
         settings: Any,
         autocast_dtype: Any = None,
         seed: int | None = None,
-        *,
         generate_team: Callable[..., list[Samples]],
     ) -> list[Samples]:
         """``generate_team`` on every node."""
-        return generate_team(agents, nodes, g, settings, autocast_dtype, seed=seed)
+        return generate_team(agents, nodes, g, settings=settings, autocast_dtype=autocast_dtype, seed=seed)
 
     def local_rows(self, batches: list, weights: list[torch.Tensor], num_generations: int) -> tuple[list, list]:
         return batches, weights
@@ -199,7 +199,7 @@ class LocalTeam:
         return sums
 
     def sum_gradients(
-        self, params: list, sums: dict[str, float], group: Any, object_group: Any, what: str
+        self, params: list, sums: dict[str, float], *, group: Any, object_group: Any, what: str
     ) -> dict[str, float]:
         return sums
 
@@ -300,10 +300,10 @@ class DistTeam:
                 )
             mesh = self.meshes[team[0].index]
             adapters = {p for a in team if a.adapter is not None for p in a.params}
-            sharding.shard_model(team[0].model, mesh, self.plan, bf16, ignored=adapters)
+            sharding.shard_model(team[0].model, mesh, plan=self.plan, bf16=bf16, ignored=adapters)
             for a in team:
                 if a.ref_model is not None:
-                    sharding.shard_model(a.ref_model, mesh, self.plan, bf16)
+                    sharding.shard_model(a.ref_model, mesh, plan=self.plan, bf16=bf16)
                 if a.adapter is None:
                     a.params = [p for p in a.model.parameters() if p.requires_grad]
         if self.is_main and self.meshes:
@@ -340,7 +340,7 @@ class DistTeam:
         if mesh is None:
             return
         adapters = {p for p in backbone.parameters() if p.requires_grad} if hasattr(backbone, "peft_config") else set()
-        sharding.shard_model(backbone, mesh, self.plan, bf16, ignored=adapters)
+        sharding.shard_model(backbone, mesh, plan=self.plan, bf16=bf16, ignored=adapters)
 
     def critic_group(self, reads: int | None) -> Any:
         """The process group of a critic's copies: agent ``reads``'s ranks, or every rank (None: the default group)."""
@@ -385,9 +385,9 @@ class DistTeam:
         if failed:
             raise DistributedError(f"{what} failed on rank {failed[0][0]}: {failed[0][1]}")
 
-    def run_once(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` on rank 0 only; every rank returns its result or raises its exception."""
-        return run_on_rank0(fn, args, self.objects, self.rank, self._fail)
+    def run_once(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on rank 0 only; every rank returns its result or raises its exception."""
+        return run_on_rank0(fn, args, kwargs, group=self.objects, rank=self.rank, fail=self._fail)
 
     def require_one_process(self, message: str) -> None:
         """Refuse what runs in one process only: raise ConfigError(``message``)."""
@@ -399,10 +399,10 @@ class DistTeam:
         agents: list,
         nodes: list,
         g: int,
+        *,
         settings: Any,
         autocast_dtype: Any = None,
         seed: int | None = None,
-        *,
         generate_team: Callable[..., list[Samples]],
     ) -> list[Samples]:
         """Generate this rank's agents on its replica's shard of ``nodes`` with ``generate_team`` (the loop's own,
@@ -418,7 +418,15 @@ class DistTeam:
             if agents and self.replica is not None:
                 lo, hi = shard_bounds(len(nodes), self.placement.replicas)[self.replica]
                 if hi > lo:
-                    out = generate_team(agents, nodes[lo:hi], g, settings, autocast_dtype, seed=seed, row_offset=lo * g)
+                    out = generate_team(
+                        agents,
+                        nodes[lo:hi],
+                        g,
+                        settings=settings,
+                        autocast_dtype=autocast_dtype,
+                        seed=seed,
+                        row_offset=lo * g,
+                    )
                     mine = {a.index: (s, a.tokenizer.pad_token_id) for a, s in zip(agents, out)}
         gathered = self.all_gather(mine, "gather completions")
         team = []
@@ -454,10 +462,12 @@ class DistTeam:
         if self.sharded(agent):  # FSDP reduced them already, as a mean over the agent's ranks
             sharding.scale_gradients(agent.params, len(self.placement.ranks[agent.index]))
             return self.sum_metrics(sums, self.object_groups[agent.index], f"agent {agent.index}")
-        return self.sum_gradients(agent.params, sums, group, self.object_groups[agent.index], f"agent {agent.index}")
+        return self.sum_gradients(
+            agent.params, sums, group=group, object_group=self.object_groups[agent.index], what=f"agent {agent.index}"
+        )
 
     def sum_gradients(
-        self, params: list, sums: dict[str, float], group: Any, object_group: Any, what: str
+        self, params: list, sums: dict[str, float], *, group: Any, object_group: Any, what: str
     ) -> dict[str, float]:
         """Sum ``params``' gradients over the ranks of ``group`` (in place) and the metric ``sums`` over
         ``object_group`` (gloo, the same ranks); returns the summed metrics."""
@@ -527,7 +537,7 @@ class DistTeam:
         tmp = Path(self.run_once(ck.make_tmp, root, step))
         error = None
         try:
-            ck.write_parts(trainer, tmp, rng, self.rank, self.owns, self.owns_critic)
+            ck.write_parts(trainer, tmp, rng=rng, rank=self.rank, owns_agent=self.owns, owns_critic=self.owns_critic)
         except Exception as exc:  # noqa: BLE001 -- shared with every rank by sync()
             error = exc
         try:

@@ -47,7 +47,7 @@ FSDP_CONFIG_KEYS = (
 SHARDED_DIR = "sharded"  # a checkpoint's agent folder: DCP shards of the model and optimizer state
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardingPlan:
     """How agents on several ranks are sharded (parsed from ``fsdp`` / ``fsdp_config``)."""
 
@@ -156,7 +156,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_model(
-    model: nn.Module, mesh: Any, plan: ShardingPlan, bf16: bool, ignored: set[nn.Parameter] | None = None
+    model: nn.Module, mesh: Any, *, plan: ShardingPlan, bf16: bool, ignored: set[nn.Parameter] | None = None
 ) -> None:
     """``fully_shard`` each decoder layer of ``model``, then the root, on ``mesh`` (in place); ``ignored``: parameters
     FSDP leaves alone (LoRA adapters)."""

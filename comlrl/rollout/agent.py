@@ -13,7 +13,7 @@ from ..errors import FormatterError
 Formatter = Callable[[dict], str]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Agent:
     """One member of the team and everything needed to update it."""
 
@@ -33,7 +33,7 @@ class Agent:
         return f"agent_{self.index}"
 
 
-def apply_formatter(fmt: Formatter, row: dict, agent: int, row_id: int, columns: Sequence[str] | None = None) -> str:
+def apply_formatter(fmt: Formatter, row: dict, *, agent: int, row_id: int, columns: Sequence[str] | None = None) -> str:
     """Run an agent's formatter on a dataset row; errors name the agent, the row and the missing column."""
     try:
         text = fmt(row)

@@ -27,7 +27,7 @@ from .rollout import GenerationRequest, Samples, generate_concurrently
 from .sampling import derive_seed
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Node:
     """A point in the tree: each agent's current prompt and its history."""
 
@@ -38,7 +38,7 @@ class Node:
     response_history: list[list[str]]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Turn:
     """Everything sampled and scored at one depth of the tree."""
 
@@ -70,8 +70,16 @@ def root_nodes(
     formatters = [a.formatter if isinstance(a, Agent) else a for a in agents]
     nodes = []
     for row, rid in zip(rows, row_ids):
-        prompts = [apply_formatter(f, row, i, rid, columns) for i, f in enumerate(formatters)]
-        nodes.append(Node(row, rid, prompts, [[p] for p in prompts], [[] for _ in agents]))
+        prompts = [apply_formatter(f, row, agent=i, row_id=rid, columns=columns) for i, f in enumerate(formatters)]
+        nodes.append(
+            Node(
+                row=row,
+                row_id=rid,
+                prompts=prompts,
+                prompt_history=[[p] for p in prompts],
+                response_history=[[] for _ in agents],
+            )
+        )
     return nodes
 
 
@@ -98,18 +106,23 @@ def run_episode(
     ``seed``: sampling key of this episode; row k of agent i at turn t samples from its own stream keyed by
     (seed, t, i, k), so samples do not depend on batching or process placement (None: the global RNG).
     Distributed hooks (:mod:`comlrl.parallel.job`; None in one process): ``generate_fn`` replaces
-    :func:`generate_team` and returns every agent's samples; ``run_once(fn, *args)`` runs the scoring (reward
+    :func:`generate_team` and returns every agent's samples; ``run_once(fn, *args, **kwargs)`` runs the scoring (reward
     and transition, possibly a sandbox) once and gives every process its result or its exception.
     """
     g = num_generations
     generate_fn = generate_fn or generate_team
-    run_once = run_once or (lambda fn, *args: fn(*args))
+    run_once = run_once or (lambda fn, *args, **kwargs: fn(*args, **kwargs))
     turns: list[Turn] = []
     timings = {"generate": 0.0, "reward": 0.0, "transition": 0.0}
     for t in range(num_turns):
         start = time.perf_counter()
         samples = generate_fn(
-            agents, nodes, g, settings, autocast_dtype, seed=None if seed is None else derive_seed(seed, t)
+            agents,
+            nodes,
+            g,
+            settings=settings,
+            autocast_dtype=autocast_dtype,
+            seed=None if seed is None else derive_seed(seed, t),
         )
         timings["generate"] += time.perf_counter() - start
         rewards, levels, children, next_nodes, turn_timings = run_once(
@@ -117,18 +130,18 @@ def run_episode(
             nodes,
             samples,
             t,
-            reward_func,
-            g,
-            joint_mode,
-            num_turns,
-            external_transition,
-            termination_threshold,
-            termination_scope,
-            reward_processor,
+            reward_func=reward_func,
+            g=g,
+            joint_mode=joint_mode,
+            num_turns=num_turns,
+            external_transition=external_transition,
+            termination_threshold=termination_threshold,
+            termination_scope=termination_scope,
+            reward_processor=reward_processor,
         )
         for k, v in turn_timings.items():
             timings[k] += v
-        turns.append(Turn(nodes, samples, rewards, children, levels))
+        turns.append(Turn(nodes=nodes, samples=samples, rewards=rewards, children=children, levels=levels))
         if not next_nodes:
             break
         nodes = next_nodes
@@ -139,6 +152,7 @@ def score_turn(
     nodes: list[Node],
     samples: list[Samples],
     t: int,
+    *,
     reward_func: Callable,
     g: int,
     joint_mode: str,
@@ -197,6 +211,7 @@ def generate_team(
     agents: list[Agent],
     nodes: list[Node],
     g: int,
+    *,
     settings: GenerationSettings,
     autocast_dtype: torch.dtype | None = None,
     seed: int | None = None,
@@ -225,7 +240,15 @@ def generate_team(
         )
         requests.append(
             GenerationRequest(
-                group[0].model, group[0].tokenizer, prompts, g, settings, chats, autocast_dtype, adapters, seeds
+                model=group[0].model,
+                tokenizer=group[0].tokenizer,
+                prompts=prompts,
+                num_generations=g,
+                settings=settings,
+                chat=chats,
+                autocast_dtype=autocast_dtype,
+                adapter_names=adapters,
+                row_seeds=seeds,
             )
         )
     for group, s in zip(by_model.values(), generate_concurrently(requests)):
@@ -355,7 +378,13 @@ def transition(fn: Callable | None, node: Node, answers: list[str], turn: int) -
             f"external_transition must return {n} prompt strings (one per agent); got {out!r:.200} at turn {turn}, "
             f"dataset row {node.row_id}."
         )
-    return Node(node.row, node.row_id, list(out), [h + [p] for h, p in zip(node.prompt_history, out)], resp_hist)
+    return Node(
+        row=node.row,
+        row_id=node.row_id,
+        prompts=list(out),
+        prompt_history=[h + [p] for h, p in zip(node.prompt_history, out)],
+        response_history=resp_hist,
+    )
 
 
 def episode_advantages(

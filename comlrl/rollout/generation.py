@@ -43,15 +43,22 @@ VLLM = "vllm"
 def sampler_settings(settings: GenerationSettings) -> SamplerSettings:
     """What shapes the distribution a rollout with ``settings`` draws each token from (greedy: no top-k / top-p)."""
     if not settings.do_sample:
-        return SamplerSettings(settings.temperature, repetition_penalty=settings.repetition_penalty)
-    return SamplerSettings(settings.temperature, settings.top_k, settings.top_p, settings.repetition_penalty)
+        return SamplerSettings(temperature=settings.temperature, repetition_penalty=settings.repetition_penalty)
+    return SamplerSettings(
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        repetition_penalty=settings.repetition_penalty,
+    )
 
 
 def row_sampler(batch: PromptBatch, settings: GenerationSettings, device: torch.device) -> RowSeededSampler | None:
     """The per-row seeded sampler of a sampled batch with ``row_seeds``; None when greedy or on the global RNG."""
     if not settings.do_sample or batch.row_seeds is None:
         return None
-    return RowSeededSampler(batch.row_seeds, settings.temperature, settings.top_k, settings.top_p, device)
+    return RowSeededSampler(
+        batch.row_seeds, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, device=device
+    )
 
 
 class DecodeLoopEngine:

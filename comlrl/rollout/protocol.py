@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 AUTO = "auto"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VLLMOptions:
     """How the vLLM engines of a run are set up (the trainer config's ``vllm_*`` fields, TRL's names)."""
 
@@ -29,7 +29,7 @@ class VLLMOptions:
     server_adapter_dir: str | None = None  # server mode: where adapter versions are written (None: TMPDIR)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerationSettings:
     """Sampling settings for one generate call."""
 
@@ -47,7 +47,7 @@ class GenerationSettings:
     vllm: VLLMOptions | None = None  # engine "vllm": how its engines are set up (None: VLLMOptions' defaults)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PromptBatch:
     """What an engine samples from: the prompt of every completion row as token ids, and how rows end."""
 

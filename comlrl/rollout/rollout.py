@@ -19,7 +19,7 @@ from .generation import select_engine
 from .protocol import Completions, GenerationSettings, PromptBatch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Samples:
     """One agent's sampled completions for a batch of prompts (row k = prompt k // G, sample k % G)."""
 
@@ -41,13 +41,13 @@ class Samples:
         """The given rows, prompt columns and completion columns."""
         logp = None if self.rollout_logprobs is None else self.rollout_logprobs[rows, completion_cols]
         return Samples(
-            self.prompt_ids[rows, prompt_cols],
-            self.prompt_mask[rows, prompt_cols],
-            self.completion_ids[rows, completion_cols],
-            self.completion_mask[rows, completion_cols],
-            self.texts[rows],
-            None if self.truncated is None else self.truncated[rows],
-            logp,
+            prompt_ids=self.prompt_ids[rows, prompt_cols],
+            prompt_mask=self.prompt_mask[rows, prompt_cols],
+            completion_ids=self.completion_ids[rows, completion_cols],
+            completion_mask=self.completion_mask[rows, completion_cols],
+            texts=self.texts[rows],
+            truncated=None if self.truncated is None else self.truncated[rows],
+            rollout_logprobs=logp,
         )
 
 
@@ -72,11 +72,16 @@ def concat_samples(parts: list[Samples], pad_id: int) -> Samples:
         if any(p.rollout_logprobs is None for p in parts)
         else torch.cat([F.pad(p.rollout_logprobs, (0, c_width - p.rollout_logprobs.shape[1])) for p in parts])
     )
+    prompt_ids, prompt_mask = (torch.cat(column) for column in zip(*prompts))
+    completion_ids, completion_mask = (torch.cat(column) for column in zip(*completions))
     return Samples(
-        *(torch.cat(column) for column in (*zip(*prompts), *zip(*completions))),
-        [t for p in parts for t in p.texts],
-        torch.cat([p.truncated for p in parts]),
-        logp,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        texts=[t for p in parts for t in p.texts],
+        truncated=torch.cat([p.truncated for p in parts]),
+        rollout_logprobs=logp,
     )
 
 
@@ -124,6 +129,7 @@ def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
+    *,
     num_generations: int,
     settings: GenerationSettings,
     chat: bool | list[bool] = False,
@@ -139,12 +145,20 @@ def generate(
     depend on the other rows of the batch (:mod:`comlrl.rollout.sampling`); None samples from the global RNG.
     """
     request = GenerationRequest(
-        model, tokenizer, prompts, num_generations, settings, chat, autocast_dtype, adapter_names, row_seeds
+        model=model,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        num_generations=num_generations,
+        settings=settings,
+        chat=chat,
+        autocast_dtype=autocast_dtype,
+        adapter_names=adapter_names,
+        row_seeds=row_seeds,
     )
     return generate_concurrently([request])[0]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerationRequest:
     """The arguments of one :func:`generate` call."""
 
@@ -208,7 +222,12 @@ def _encode(r: GenerationRequest) -> PromptBatch:
     prompt_ids, prompt_mask = left_pad(encoded, r.tokenizer.pad_token_id)
     adapters = None if r.adapter_names is None else [a for a in r.adapter_names for _ in range(r.num_generations)]
     return PromptBatch(
-        prompt_ids, prompt_mask, eos_ids(r.model, r.tokenizer), r.tokenizer.pad_token_id, r.row_seeds, adapters
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        stop_ids=eos_ids(r.model, r.tokenizer),
+        pad_id=r.tokenizer.pad_token_id,
+        row_seeds=r.row_seeds,
+        adapter_names=adapters,
     )
 
 
@@ -232,4 +251,12 @@ def _finish(r: GenerationRequest, batch: PromptBatch, out: Completions) -> Sampl
     texts = r.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if logp is not None:  # a pad after a stop id may be a token top-k / top-p drop: -inf, and -inf * 0 is NaN
         logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
-    return Samples(batch.prompt_ids, batch.prompt_mask, completion_ids, mask, texts, truncated, logp)
+    return Samples(
+        prompt_ids=batch.prompt_ids,
+        prompt_mask=batch.prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        texts=texts,
+        truncated=truncated,
+        rollout_logprobs=logp,
+    )

@@ -67,6 +67,7 @@ class RowSeededSampler(LogitsProcessor):
     def __init__(
         self,
         seeds: Sequence[int],
+        *,
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,

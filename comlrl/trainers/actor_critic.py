@@ -38,7 +38,7 @@ from .build import Team, build_optimizer, build_tokenizers
 from .update import OptimizerStep, PolicyUpdate, optimizer_step
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Critic:
     """A value model, its tokenizer and optimizer; ``reads`` says whose prompts it sees (agent index or None=all)."""
 
@@ -57,7 +57,7 @@ class Critic:
         return 0 if self.reads is None else self.reads
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CriticBatch:
     """Critic inputs of one rollout with the values before the update and the regression targets."""
 
@@ -177,19 +177,29 @@ class ActorCriticTrainer(MultiAgentTrainer):
             # trained in the actor's step, the head takes the actor's learning rate: AdamW's update is per parameter,
             # so the two optimizers stepped together are one AdamW over actor and head (the reference's)
             lr = self.args.learning_rate if joint else self.args.critic_learning_rate
-            opt, sched = build_optimizer(model.trainable_parameters(), self.args, lr, updates)
+            opt, sched = build_optimizer(model.trainable_parameters(), self.args, lr=lr, total_updates=updates)
             adapter = agent.adapter if backbone is None else None
-            self.critics.append(Critic(model, tok, opt, sched, r, adapter, device, coef if joint else None))
+            critic = Critic(
+                model=model,
+                tokenizer=tok,
+                optimizer=opt,
+                scheduler=sched,
+                reads=r,
+                adapter=adapter,
+                device=device,
+                actor_step_coef=coef if joint else None,
+            )
+            self.critics.append(critic)
         del self.critics_spec
 
     def rollout(
         self,
         rows: list[dict],
         row_ids: list[int],
+        *,
         settings: Any,
         num_generations: int,
         reward_func: Any,
-        *args: Any,
         **kwargs: Any,
     ) -> Episode:
         """:meth:`MultiAgentTrainer.rollout`; in a compat-style run the reward is called as the reference's IAC /
@@ -197,7 +207,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         fn = getattr(reward_func, "compat_fn", None)
         if fn is not None:
             reward_func = compat_group_reward(fn, num_generations)
-        return super().rollout(rows, row_ids, settings, num_generations, reward_func, *args, **kwargs)
+        return super().rollout(
+            rows, row_ids, settings=settings, num_generations=num_generations, reward_func=reward_func, **kwargs
+        )
 
     # ------------------------------------------------------------------ advantages
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
@@ -207,7 +219,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         children = [t.children for t in episode.turns]
         per_critic, batches = {}, []
         for critic, (node_values, batch) in zip(self.critics, self._values(episode)):
-            adv, targets = tree_gae(rewards, node_values, children, a.discount, a.gae_lambda)
+            adv, targets = tree_gae(rewards, node_values, children, discount=a.discount, lam=a.gae_lambda)
             per_critic[critic.index] = [x.reshape(-1) for x in adv]
             q = a.critic_type == "q"
             batch.targets = torch.cat([t.reshape(-1, 1) if q else t for t in targets])
@@ -279,7 +291,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             per_turn = list(torch.split(values, [len(t) for t in texts]))
             if self.args.critic_type == "q":
                 per_turn = [v.view(-1, self.args.num_generations).mean(dim=-1) for v in per_turn]
-            out.append((per_turn, CriticBatch(ids, mask, values, torch.empty(0))))
+            out.append((per_turn, CriticBatch(ids=ids, mask=mask, old_values=values, targets=torch.empty(0))))
         return out
 
     def _idle_passes(self, critic: Critic, passes: int, backward: bool) -> None:
@@ -393,7 +405,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             )
         if group is not None:  # the sum of the shards' gradients is the full-batch gradient
             loss_sum = self.dist.sum_gradients(
-                whole, {"loss": loss_sum}, group, object_group, f"critic {critic.index}"
+                whole, {"loss": loss_sum}, group=group, object_group=object_group, what=f"critic {critic.index}"
             )["loss"]
         self._step_critic(critic, params)
         return loss_sum

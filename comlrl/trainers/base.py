@@ -137,7 +137,7 @@ class MultiAgentTrainer:
             tokenizer=tokenizer,
             peft_config=peft_config,
             updates=self.total_steps * own_field(self.args, "num_iterations", 1),  # optimizer updates of the run
-            reference=self.needs_reference(),
+            ref_model=self.needs_ref_model(),
             trainer=type(self).__name__,
             distributed_ok=self.supports_distributed,
             agent_devices_ok=self.supports_agent_devices,
@@ -165,8 +165,9 @@ class MultiAgentTrainer:
         """Whether the trainer scores rollouts, so that ``reward_func`` is required."""
         return True
 
-    def needs_reference(self) -> bool:
-        """Whether each agent needs a frozen reference (a copy of its initial model unless it is a LoRA adapter)."""
+    def needs_ref_model(self) -> bool:
+        """Whether each agent needs a frozen reference model for the KL term (a copy of its initial model unless it is
+        a LoRA adapter)."""
         return self.args.beta > 0
 
     @property
@@ -193,7 +194,7 @@ class MultiAgentTrainer:
             raise ConfigError(f"{name} is empty.")
         row = dataset[0]
         for i, fmt in enumerate(self.formatters):
-            apply_formatter(fmt, row, i, 0, getattr(dataset, "column_names", None))
+            apply_formatter(fmt, row, agent=i, row_id=0, columns=getattr(dataset, "column_names", None))
 
     @property
     def total_rollouts(self) -> int:
@@ -225,14 +226,14 @@ class MultiAgentTrainer:
         evaluation (greedy unless ``eval_do_sample``, at ``eval_temperature``)."""
         a = self.args
         return GenerationSettings(
-            a.max_new_tokens,
-            True if train else a.eval_do_sample,
-            a.temperature if train else a.eval_temperature,
-            a.top_p,
-            a.top_k,
-            a.max_prompt_length,
-            a.fast_generation,
-            a.concurrent_rollout,
+            max_new_tokens=a.max_new_tokens,
+            do_sample=True if train else a.eval_do_sample,
+            temperature=a.temperature if train else a.eval_temperature,
+            top_p=a.top_p,
+            top_k=a.top_k,
+            max_prompt_length=a.max_prompt_length,
+            fast=a.fast_generation,
+            concurrent=a.concurrent_rollout,
             logprobs=self.corrects_rollout if train else False,
             repetition_penalty=a.repetition_penalty,
             engine=self.rollout_engine,
@@ -244,16 +245,16 @@ class MultiAgentTrainer:
         """How this run's vLLM engines are set up (the ``vllm_*`` fields)."""
         a = self.args
         return VLLMOptions(
-            a.vllm_mode,
-            a.vllm_gpu_memory_utilization,
-            a.vllm_tensor_parallel_size,
-            a.vllm_enable_sleep_mode,
-            a.vllm_max_model_length,
-            a.vllm_server_host,
-            a.vllm_server_port,
-            a.vllm_server_timeout,
-            a.seed,
-            a.vllm_server_adapter_dir,
+            mode=a.vllm_mode,
+            gpu_memory_utilization=a.vllm_gpu_memory_utilization,
+            tensor_parallel_size=a.vllm_tensor_parallel_size,
+            enable_sleep_mode=a.vllm_enable_sleep_mode,
+            max_model_length=a.vllm_max_model_length,
+            server_host=a.vllm_server_host,
+            server_port=a.vllm_server_port,
+            server_timeout=a.vllm_server_timeout,
+            seed=a.seed,
+            server_adapter_dir=a.vllm_server_adapter_dir,
         )
 
     @property
@@ -389,9 +390,9 @@ class MultiAgentTrainer:
             episode = self.rollout(
                 rows,
                 ids,
-                self.generation_settings(train=True),
-                a.num_generations,
-                self.reward_func,
+                settings=self.generation_settings(train=True),
+                num_generations=a.num_generations,
+                reward_func=self.reward_func,
                 seed=derive_seed(a.seed, "train", self.state["rollouts"]),
             )
             self.state["rollouts"] += 1
@@ -430,6 +431,7 @@ class MultiAgentTrainer:
         self,
         rows: list[dict],
         row_ids: list[int],
+        *,
         settings: GenerationSettings,
         num_generations: int,
         reward_func: Callable,
@@ -480,11 +482,11 @@ class MultiAgentTrainer:
     def evaluate(
         self,
         eval_dataset: Any = None,
+        *,
         do_sample: bool | None = None,
         num_generations: int | None = None,
         max_rows: int | None = None,
         batch_size: int | None = None,
-        *,
         dataset: Any = None,
         contributions: bool | None = None,
     ) -> dict[str, float]:
@@ -514,7 +516,15 @@ class MultiAgentTrainer:
         for lo in bar:
             ids = list(range(lo, min(lo + batch_size, limit)))
             seed = derive_seed(self.args.seed, "eval", self.state["step"], lo)
-            ep = self.rollout([dataset[i] for i in ids], ids, settings, g, self.eval_reward_func, dataset, seed=seed)
+            ep = self.rollout(
+                [dataset[i] for i in ids],
+                ids,
+                settings=settings,
+                num_generations=g,
+                reward_func=self.eval_reward_func,
+                dataset=dataset,
+                seed=seed,
+            )
             episodes.append(ep)
             bar.set_postfix(reward=f"{float(torch.cat([e.turns[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}")
             first = ep.turns[0]
@@ -528,10 +538,10 @@ class MultiAgentTrainer:
                     }
                 )
             if contributions:
-                add_contributions(self, ep, settings, g, seed, samples_out[-len(first.nodes) :])
+                add_contributions(self, ep, settings=settings, g=g, seed=seed, samples=samples_out[-len(first.nodes) :])
         self.last_eval_samples = samples_out
         self.last_eval_episodes = episodes  # every sample, reward and level of the evaluation (comlrl.compare)
-        extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), self.args.num_turns)
+        extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), num_turns=self.args.num_turns)
         extras = {**self.hooks.turn_metrics(episodes, self.args.num_turns), **extras}
         if contributions:
             extras.update(contribution_metrics([s["contribution"] for s in samples_out]))

@@ -107,7 +107,7 @@ def resolve_agent_devices(names: Sequence[str] | None, num_agents: int) -> list[
 
 
 def build_models(
-    sources: list, share: bool = False, dtype: Any = None, devices: Sequence[Any] | None = None
+    sources: list, *, share: bool = False, dtype: Any = None, devices: Sequence[Any] | None = None
 ) -> list[PreTrainedModel]:
     """Load each agent's model; a source repeated across agents is loaded once, then copied (or shared, among the
     agents on one device when ``devices`` gives each agent's)."""
@@ -180,7 +180,7 @@ def chat_flags(value: bool | list, n: int) -> list[bool]:
     return [bool(f) for f in flags]
 
 
-def build_optimizer(params: list, args: Any, lr: float, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
+def build_optimizer(params: list, args: Any, *, lr: float, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over an agent's trainable parameters, and the LR schedule over ``total_updates`` optimizer steps."""
     if not params:
         raise ConfigError("an agent has no trainable parameters (all requires_grad=False).")
@@ -223,7 +223,7 @@ def _fused_ok(params: list) -> bool:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Team:
     """A trainer's team: where every agent lives and this process's agents (each with its model, tokenizer,
     formatter, optimizer and schedule, :class:`~comlrl.rollout.agent.Agent`)."""
@@ -249,7 +249,7 @@ def build_team(
     tokenizer: Any,
     peft_config: Any,
     updates: int,
-    reference: bool,
+    ref_model: bool,
     trainer: str,
     distributed_ok: bool = True,
     agent_devices_ok: bool = True,
@@ -257,7 +257,7 @@ def build_team(
     prepare_models: Callable[[Team, list, Any], None] | None = None,
 ) -> Team:
     """Place the team (torchrun's ranks, ``agent_devices``), load this process's models and tokenizers, wrap them in
-    LoRA adapters (``peft_config``), and give each agent a frozen reference (``reference``, unless it is an adapter)
+    LoRA adapters (``peft_config``), and give each agent a frozen reference model (``ref_model``, unless it is an adapter)
     and an optimizer with its schedule over ``updates`` optimizer steps.
 
     ``args`` is the trainer's own copy of its config: its defaults that depend on the placement are resolved in place
@@ -279,7 +279,13 @@ def build_team(
     if not named:  # one fresh folder per run, the same on every rank
         args.output_dir = distributed.run_once(fresh_output_dir, trainer.removesuffix("Trainer").lower())
         log.info("output_dir not set: this run writes to %s", args.output_dir)
-    team = Team(sources, dist, dist.device, named_devices or [dist.device] * n, named)
+    team = Team(
+        sources=sources,
+        dist=dist,
+        device=dist.device,
+        agent_devices=named_devices or [dist.device] * n,
+        output_dir_named=named,
+    )
     used = list(dict.fromkeys(team.agent_devices))  # the devices that hold models, in agent order
     resolve_bf16(args, used)
     if any(d.type == "cpu" for d in used):
@@ -302,7 +308,7 @@ def build_team(
         prepare_models(team, models, peft_config)
     lora_seeds = [derive_seed(args.seed, "lora", i) for i in local]  # an adapter's init does not depend on placement
     wrapped = (
-        build_lora_team(models, groups, peft_config, local, lora_seeds)
+        build_lora_team(models, groups, peft_config, agents=local, seeds=lora_seeds)
         if peft_config is not None
         else [(m, None) for m in models]
     )
@@ -312,14 +318,22 @@ def build_team(
         m.to(team.agent_devices[i])
         if args.disable_dropout:
             disable_dropout(m)
-        agent = Agent(i, m, tok, formatters[i], chats[i], adapter=adapter, params=adapter_parameters(m, adapter))
+        agent = Agent(
+            index=i,
+            model=m,
+            tokenizer=tok,
+            formatter=formatters[i],
+            chat=chats[i],
+            adapter=adapter,
+            params=adapter_parameters(m, adapter),
+        )
         team.agents.append(agent)
     for a in team.agents:
-        if reference and a.adapter is None:
+        if ref_model and a.adapter is None:
             a.ref_model = copy_model(a.model).train(False).requires_grad_(False)
     dist.shard_agents(team.agents, bool(args.bf16))  # with fsdp: an agent on several ranks is sharded over them
     for a in team.agents:
-        a.optimizer, a.scheduler = build_optimizer(a.params, args, args.learning_rate, updates)
+        a.optimizer, a.scheduler = build_optimizer(a.params, args, lr=args.learning_rate, total_updates=updates)
     return team
 
 

@@ -153,11 +153,11 @@ class CentralizedMAGRPOTrainer(MultiAgentTrainer):
             history = [role_prompts(p, batch_item, formatters) for p in prompt_history_per_agent[0]]
             earlier = [split_roles(r, n)[0] for r in response_history_per_agent[0][:-1]]
             node = Node(
-                batch_item,
-                -1,  # the row's index is not passed to transitions; the loop's error message names it
-                role_prompts(prompts[0], batch_item, formatters),
-                [[h[i] for h in history] for i in range(n)],
-                [[r[i] for r in earlier] for i in range(n)],
+                row=batch_item,
+                row_id=-1,  # the row's index is not passed to transitions; the loop's error message names it
+                prompts=role_prompts(prompts[0], batch_item, formatters),
+                prompt_history=[[h[i] for h in history] for i in range(n)],
+                response_history=[[r[i] for r in earlier] for i in range(n)],
             )
             child = transition(fn, node, split_roles(agent_completions[0], n)[0], turn)
             return [RolePrompt(child.prompts, template)]

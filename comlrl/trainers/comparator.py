@@ -28,15 +28,15 @@ def comparator_client(args: Any) -> APIClient:
                 "without a key."
             )
     return APIClient(
-        a.comparator_api_url,
-        a.comparator_api_format,
-        a.comparator_api_model,
-        key,
-        a.comparator_api_timeout,
-        a.comparator_api_max_n_per_request,
-        a.comparator_api_extra_body,
-        a.comparator_api_headers,
-        a.comparator_api_concurrency,
+        url=a.comparator_api_url,
+        fmt=a.comparator_api_format,
+        model=a.comparator_api_model,
+        key=key,
+        timeout=a.comparator_api_timeout,
+        max_n_per_request=a.comparator_api_max_n_per_request,
+        extra_body=a.comparator_api_extra_body,
+        headers=a.comparator_api_headers,
+        concurrency=a.comparator_api_concurrency,
     )
 
 

@@ -62,7 +62,7 @@ def check_contributions(trainer: Any) -> None:
 
 
 def add_contributions(
-    trainer: Any, episode: Episode, settings: GenerationSettings, g: int, seed: int, samples: list[dict]
+    trainer: Any, episode: Episode, *, settings: GenerationSettings, g: int, seed: int, samples: list[dict]
 ) -> None:
     """Each agent's contribution on an evaluation episode's rows (``samples``: their evaluation samples, in node
     order): a sample gets ``contribution`` and the untrained team's first answers, ``untrained_completions``."""
@@ -138,9 +138,9 @@ def episode_contributions(
     """
     first = episode.turns[0]
     g = num_generations
-    replacements = generate_team(
-        untrained, first.nodes, g, settings, autocast_dtype, seed=derive_seed(seed, 0)
-    )  # per agent, rows = node * G + g, as first.samples
+    replacements = generate_team(  # per agent, rows = node * G + g, as first.samples
+        untrained, first.nodes, g, settings=settings, autocast_dtype=autocast_dtype, seed=derive_seed(seed, 0)
+    )
     team = first.rewards.mean(dim=1)  # (M,) the team's reward per node, over its joint answers
     drops: list[dict[str, float]] = [{} for _ in first.nodes]
     for i in range(len(first.samples)):
@@ -148,9 +148,19 @@ def episode_contributions(
             texts = replacements[i].texts if kind == "untrained" else [""] * len(first.samples[i].texts)
             samples = list(first.samples)
             samples[i] = dataclasses.replace(samples[i], texts=list(texts))
-            rewards = score_turn(
-                first.nodes, samples, 0, reward_func, g, joint_mode, 1, None, None, "branch", reward_processor
-            )[0]  # (M, J)
+            rewards = score_turn(  # (M, J)
+                first.nodes,
+                samples,
+                0,
+                reward_func=reward_func,
+                g=g,
+                joint_mode=joint_mode,
+                num_turns=1,
+                external_transition=None,
+                termination_threshold=None,
+                termination_scope="branch",
+                reward_processor=reward_processor,
+            )[0]
             for m, drop in enumerate((team - rewards.mean(dim=1)).tolist()):
                 drops[m][f"agent_{i}/{kind}"] = drop
     return drops, replacements

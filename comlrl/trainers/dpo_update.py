@@ -62,11 +62,11 @@ class DPOUpdate:
                         live[:, b:],
                         ref_c,
                         ref_r,
-                        a.beta,
-                        a.loss_type,
-                        a.label_smoothing,
-                        a.reference_free,
-                        weights,
+                        beta=a.beta,
+                        loss_type=a.loss_type,
+                        label_smoothing=a.label_smoothing,
+                        reference_free=a.reference_free,
+                        pair_weights=weights,
                     )
                     (loss / len(micro)).backward()
             add_pair_sums(sums, m, values, b)

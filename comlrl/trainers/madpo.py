@@ -124,7 +124,7 @@ class MADPOTrainer(MultiAgentTrainer):
     def needs_reward_func(self) -> bool:
         return self.args.preferences == "online"
 
-    def needs_reference(self) -> bool:
+    def needs_ref_model(self) -> bool:
         return not self.args.reference_free
 
     @property
@@ -290,28 +290,60 @@ class MADPOTrainer(MultiAgentTrainer):
         settings.logprobs = False
         start = time.perf_counter()
         episodes = [
-            self.rollout(rows, ids, settings, a.num_generations, self.reward_func, seed=self._round_seed(round_index))
+            self.rollout(
+                rows,
+                ids,
+                settings=settings,
+                num_generations=a.num_generations,
+                reward_func=self.reward_func,
+                seed=self._round_seed(round_index),
+            )
         ]
         parsed = None  # (M, k) bool: which of a centralized comparator's completions parsed
         if a.has_comparator_side:
             seed, k = self._round_seed(round_index, 1), self.comparator_generations
             if a.comparator == "current":  # the current team answers again, apart from its own candidates
-                episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed))
+                episodes.append(
+                    self.rollout(
+                        rows, ids, settings=settings, num_generations=k, reward_func=self.reward_func, seed=seed
+                    )
+                )
             elif a.comparator == "api" or a.comparator_generation != "decentralized":
-                episode, parsed = self._text_comparator_episode(rows, ids, settings, seed, round_index)
+                episode, parsed = self._text_comparator_episode(rows, ids, settings, seed=seed, round_index=round_index)
                 episodes.append(episode)
             elif a.comparator == "model":
                 team = self._comparator_team()
-                episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed, agents=team))
+                episodes.append(
+                    self.rollout(
+                        rows,
+                        ids,
+                        settings=settings,
+                        num_generations=k,
+                        reward_func=self.reward_func,
+                        seed=seed,
+                        agents=team,
+                    )
+                )
             else:
                 with self._comparator_weights(round_index):
-                    episodes.append(self.rollout(rows, ids, settings, k, self.reward_func, seed=seed))
+                    episodes.append(
+                        self.rollout(
+                            rows, ids, settings=settings, num_generations=k, reward_func=self.reward_func, seed=seed
+                        )
+                    )
         elapsed = time.perf_counter() - start
         team_ok = torch.ones(len(rows), a.num_generations, dtype=torch.bool)
         valid = None if parsed is None else torch.cat([team_ok, parsed], dim=1)
         aligned = a.comparator_pairing == "aligned"
         records, ties = candidate_pairs(
-            episodes, round_index, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed, valid, aligned
+            episodes,
+            round_index=round_index,
+            mode=a.pair_selection,
+            pairs_per_prompt=a.pairs_per_prompt,
+            tie_tolerance=a.tie_tolerance,
+            seed=a.seed,
+            valid=valid,
+            aligned=aligned,
         )
         if a.comparator in TEXT_COMPARATORS:  # the comparator's answers in the team's tokens; a truncated one stays so
             for record in records:
@@ -366,18 +398,21 @@ class MADPOTrainer(MultiAgentTrainer):
         if getattr(self, "_model_team", None) is None:
             model = load_model(self.args.comparator_model).to(self.device).train(False).requires_grad_(False)
             tok = load_tokenizer(self.args.comparator_model)
-            self._model_team = [Agent(a.index, model, tok, a.formatter, a.chat) for a in self.agents]
+            self._model_team = [
+                Agent(index=a.index, model=model, tokenizer=tok, formatter=a.formatter, chat=a.chat)
+                for a in self.agents
+            ]
         return self._model_team
 
     def _text_comparator_episode(
-        self, rows: list[dict], ids: list[int], settings: GenerationSettings, seed: int, round_index: int
+        self, rows: list[dict], ids: list[int], settings: GenerationSettings, *, seed: int, round_index: int
     ) -> tuple[Episode, torch.Tensor]:
         """The comparator's candidates for the rows when they come as text (the API, or a centralized completion
         split by role), scored by the team reward as a rollout's: (episode, parsed (M, G) bool)."""
         parsed: list[bool] = []
 
-        def generate(agents: list[Agent], nodes: list[Node], g: int, *_: Any, seed: int | None = None) -> list:
-            answers, ok = self._comparator_answers(nodes, g, settings, seed, round_index)
+        def generate(agents: list[Agent], nodes: list[Node], g: int, *, seed: int | None = None, **_: Any) -> list:
+            answers, ok = self._comparator_answers(nodes, g, settings, seed=seed, round_index=round_index)
             parsed.extend(ok)
             return [text_samples(agent, answers[agent.index]) for agent in agents]
 
@@ -403,7 +438,7 @@ class MADPOTrainer(MultiAgentTrainer):
         return episode, ok
 
     def _comparator_answers(
-        self, nodes: list[Node], g: int, settings: GenerationSettings, seed: int | None, round_index: int
+        self, nodes: list[Node], g: int, settings: GenerationSettings, *, seed: int | None, round_index: int
     ) -> tuple[list[list[Answer]], list[bool]]:
         """Each agent's g answers per node (rows = node * g + sample) and whether each joint answer parsed: the API
         asked once per (node, agent) prompt, or the comparator asked once per node for the whole team's answer
@@ -421,8 +456,11 @@ class MADPOTrainer(MultiAgentTrainer):
             joint = [ans for got in self._api.complete_all(prompts, g, sampling, where) for ans in got]
         else:
             one = self._comparator_team()[:1]  # comparator_model, asked as agent 0 (its chat setting)
-            central = [Node(nd.row, nd.row_id, [p], [[p]], [[]]) for nd, p in zip(nodes, prompts)]
-            s = generate_team(one, central, g, settings, self.rollout_dtype, seed=seed)[0]
+            central = [
+                Node(row=nd.row, row_id=nd.row_id, prompts=[p], prompt_history=[[p]], response_history=[[]])
+                for nd, p in zip(nodes, prompts)
+            ]
+            s = generate_team(one, central, g, settings=settings, autocast_dtype=self.rollout_dtype, seed=seed)[0]
             joint = [Answer(text, bool(cut)) for text, cut in zip(s.texts, s.truncated.tolist())]
         answers: list[list[Answer]] = [[] for _ in range(n)]
         ok = []
@@ -483,10 +521,17 @@ class MADPOTrainer(MultiAgentTrainer):
             values = torch.stack([self.update.sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])
             b = len(batch)
             _, m = team_dpo_loss(
-                values[:, :b], values[:, b:], ref_c, ref_r, a.beta, a.loss_type, a.label_smoothing, a.reference_free
+                values[:, :b],
+                values[:, b:],
+                ref_c,
+                ref_r,
+                beta=a.beta,
+                loss_type=a.loss_type,
+                label_smoothing=a.label_smoothing,
+                reference_free=a.reference_free,
             )
             add_pair_sums(sums, m, values, b)
-            _, h = agent_margins(values[:, :b], values[:, b:], ref_c, ref_r, a.reference_free)
+            _, h = agent_margins(values[:, :b], values[:, b:], ref_c, ref_r, reference_free=a.reference_free)
             for rec, margin in zip(batch, h.tolist()):  # a sample's reward: the implied reward margin beta * h
                 samples.append(
                     {
@@ -501,11 +546,11 @@ class MADPOTrainer(MultiAgentTrainer):
         metrics["pairs/count"] = float(len(records))
         return {f"eval/{k}": v for k, v in sorted(metrics.items())}
 
-    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def evaluate(self, eval_dataset: Any = None, **kwargs: Any) -> dict[str, float]:
         """On labelled pairs (the chosen / rejected columns): :meth:`evaluate_pairs`; otherwise the team reward of
         its answers (greedy unless eval_do_sample), as every trainer's evaluate()."""
         dataset = next((d for d in (eval_dataset, kwargs.get("dataset"), self.eval_dataset) if d is not None), None)
         columns = set(getattr(dataset, "column_names", None) or (dataset[0].keys() if dataset else ()))
         if {self.args.chosen_column, self.args.rejected_column} <= columns:
             return self.evaluate_pairs(dataset, kwargs.get("max_rows"))
-        return super().evaluate(eval_dataset, *args, **kwargs)
+        return super().evaluate(eval_dataset, **kwargs)

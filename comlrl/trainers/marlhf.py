@@ -249,12 +249,19 @@ class MARLHFTrainer:
             episode = self.rl.rollout(
                 [data[i] for i in ids],
                 ids,
-                self.rl.generation_settings(train=True),
-                a.candidates_per_prompt,
-                self.task_reward,
+                settings=self.rl.generation_settings(train=True),
+                num_generations=a.candidates_per_prompt,
+                reward_func=self.task_reward,
                 seed=derive_seed(a.seed, "stage1", "candidates"),
             )
-            pairs, ties = candidate_pairs([episode], 0, a.pair_selection, a.pairs_per_prompt, a.tie_tolerance, a.seed)
+            pairs, ties = candidate_pairs(
+                [episode],
+                round_index=0,
+                mode=a.pair_selection,
+                pairs_per_prompt=a.pairs_per_prompt,
+                tie_tolerance=a.tie_tolerance,
+                seed=a.seed,
+            )
             if not pairs:
                 raise ConfigError(
                     f"MARLHF stage 1 (round 0): every prompt's {a.candidates_per_prompt} candidates tied "
@@ -273,7 +280,9 @@ class MARLHFTrainer:
         tokenizer = self._reward_model_tokenizer
         if source is None:  # the first agent's backbone (without the team's adapters) and tokenizer
             source, tokenizer = self.rl._team_sources[0], tokenizer or self.rl.agents[0].tokenizer
-        model, tok = build_reward_model(source, tokenizer, a.reward_model_training, device=self.rl.device, seed=a.seed)
+        model, tok = build_reward_model(
+            source, tokenizer, training=a.reward_model_training, device=self.rl.device, seed=a.seed
+        )
         total = len(pairs)
         pairs, skipped, why = readable_pairs(tok, pairs)
         if not pairs:  # the tokenizer reads none of them: the wrong tokenizer, named
@@ -310,7 +319,9 @@ class MARLHFTrainer:
         model's scores of the pairs' chosen and rejected joint answers, the statistic stage 3 standardizes with."""
         model, tok = self.reward_model, self.reward_tokenizer
         a = self.args
-        mean, std = pair_score_stats(model, tok, pairs, 2 * a.reward_model_batch_size, a.reward_model_max_length)
+        mean, std = pair_score_stats(
+            model, tok, pairs, batch_size=2 * a.reward_model_batch_size, max_length=a.reward_model_max_length
+        )
         return {"reward_model/score_mean": mean, "reward_model/score_std": std}
 
 

@@ -145,6 +145,7 @@ def _joint_answer(turns: list, side: int, m: int, c: int) -> tuple[list[str], li
 
 def candidate_pairs(
     episodes: list[Episode],
+    *,
     round_index: int,
     mode: str,
     pairs_per_prompt: int | None,
@@ -171,7 +172,15 @@ def candidate_pairs(
         gen = torch.Generator().manual_seed(derive_seed(seed, "pairs", round_index, node.row_id))
         kept_sides = None if len(first) == 1 else [sides[c] for c in keep]
         positions = [index[c] for c in keep] if aligned else None
-        sel = select_pairs(rewards[keep], mode, pairs_per_prompt, gen, tie_tolerance, kept_sides, positions)
+        sel = select_pairs(
+            rewards[keep],
+            mode=mode,
+            pairs_per_prompt=pairs_per_prompt,
+            generator=gen,
+            tie_tolerance=tie_tolerance,
+            sides=kept_sides,
+            positions=positions,
+        )
         ties += sel.ties
 
         for w, lo in ((keep[w], keep[lo]) for w, lo in sel.pairs):
@@ -220,7 +229,14 @@ def text_samples(agent: Agent, answers: list[Answer]) -> Samples:
         c_mask[k, : len(x)] = 1
     empty = torch.zeros((len(ids), 1), dtype=torch.long)
     truncated = torch.tensor([ans.truncated for ans in answers], dtype=torch.bool)
-    return Samples(empty, empty.clone(), c_ids, c_mask, [ans.text for ans in answers], truncated)
+    return Samples(
+        prompt_ids=empty,
+        prompt_mask=empty.clone(),
+        completion_ids=c_ids,
+        completion_mask=c_mask,
+        texts=[ans.text for ans in answers],
+        truncated=truncated,
+    )
 
 
 def dataset_pairs(dataset: Any, formatters: list, chosen_column: str, rejected_column: str) -> list[dict]:
@@ -240,7 +256,9 @@ def dataset_pairs(dataset: Any, formatters: list, chosen_column: str, rejected_c
     for r in range(len(dataset)):
         row = dataset[r]
         record: dict[str, Any] = {"round": 0, "row": r}
-        record["prompts"] = [apply_formatter(f, row, i, r, columns) for i, f in enumerate(formatters)]
+        record["prompts"] = [
+            apply_formatter(f, row, agent=i, row_id=r, columns=columns) for i, f in enumerate(formatters)
+        ]
         for key, col in (("chosen", chosen_column), ("rejected", rejected_column)):
             value = row[col]
             if isinstance(value, str) or not isinstance(value, (list, tuple)) or len(value) != n:

@@ -65,7 +65,7 @@ def train_reward_model(
             loss_sum = correct = 0.0
             for lo in range(0, len(order), batch_size):
                 batch = [pairs[k] for k in order[lo : lo + batch_size]]
-                chosen, rejected = pair_scores(model, tokenizer, batch, n_agents, max_length)
+                chosen, rejected = pair_scores(model, tokenizer, batch, num_agents=n_agents, max_length=max_length)
                 loss = bradley_terry_loss(chosen, rejected)
                 loss.backward()
                 optimizer_step(optimizer=opt, params=params, max_grad_norm=max_grad_norm)
@@ -82,7 +82,9 @@ def train_reward_model(
         "reward_model/eval_pairs": float(len(eval_pairs)),
     }
     if eval_pairs:
-        chosen, rejected = score_pairs(model, tokenizer, eval_pairs, n_agents, 2 * batch_size, max_length)
+        chosen, rejected = score_pairs(
+            model, tokenizer, eval_pairs, num_agents=n_agents, batch_size=2 * batch_size, max_length=max_length
+        )
         metrics["reward_model/eval_loss"] = bradley_terry_loss(chosen, rejected).item()
         metrics["reward_model/eval_accuracy"] = pair_accuracy(chosen, rejected).item()
     model.eval()

@@ -110,7 +110,13 @@ class PolicyUpdate:
                 else:
                     agent = group[0]
                     metric_sums = {
-                        agent.index: self._accumulate_agent(agent, *data[agent.index][:3], it, data[agent.index][3])
+                        agent.index: self._accumulate_agent(
+                            agent,
+                            *data[agent.index][:2],
+                            frozen=data[agent.index][2],
+                            iteration=it,
+                            tokens=data[agent.index][3],
+                        )
                     }
                 # sum the replicas' gradients: together they are the full-batch gradient
                 metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
@@ -174,6 +180,7 @@ class PolicyUpdate:
         agent: Agent,
         batches: list,
         weights: list[torch.Tensor],
+        *,
         frozen: FrozenLogprobs,
         iteration: int,
         tokens: float | None = None,
@@ -204,14 +211,14 @@ class PolicyUpdate:
                     agent,
                     logp,
                     tensors,
-                    batches[b][1][sl],
-                    weights[b][sl],
-                    self._rollout_logp(batches[b][0], sl, device),
-                    frozen,
-                    (b, lo),
-                    iteration,
-                    metric_sums,
-                    (extra[-1], tokens),
+                    adv=batches[b][1][sl],
+                    weights=weights[b][sl],
+                    rollout_logp=self._rollout_logp(batches[b][0], sl, device),
+                    frozen=frozen,
+                    key=(b, lo),
+                    iteration=iteration,
+                    metric_sums=metric_sums,
+                    entropy=(extra[-1], tokens),
                 ).backward()
             return metric_sums
 
@@ -242,7 +249,12 @@ class PolicyUpdate:
                 parts = [self._chunk_tensors(data[a.index][0][b][0], sl, device) for a in group]
                 with self.autocast(device):
                     scored = team_completion_logprobs(
-                        model, [a.adapter for a in group], parts, self.args.temperature, sampler, entropy=True
+                        model,
+                        [a.adapter for a in group],
+                        parts,
+                        temperature=self.args.temperature,
+                        sampler=sampler,
+                        entropy=True,
                     )
                 if sampler is not None:
                     for a, (_, sampled, _) in zip(group, scored):
@@ -253,14 +265,14 @@ class PolicyUpdate:
                         a,
                         logp,
                         tensors,
-                        data[a.index][0][b][1][sl],
-                        data[a.index][1][b][sl],
-                        self._rollout_logp(data[a.index][0][b][0], sl, device),
-                        data[a.index][2],
-                        (b, lo),
-                        iteration,
-                        metric_sums[a.index],
-                        (entropy, data[a.index][3]),
+                        adv=data[a.index][0][b][1][sl],
+                        weights=data[a.index][1][b][sl],
+                        rollout_logp=self._rollout_logp(data[a.index][0][b][0], sl, device),
+                        frozen=data[a.index][2],
+                        key=(b, lo),
+                        iteration=iteration,
+                        metric_sums=metric_sums[a.index],
+                        entropy=(entropy, data[a.index][3]),
                     )
                     for a, logp, tensors, entropy in zip(group, logps, parts, entropies)
                 )
@@ -300,7 +312,9 @@ class PolicyUpdate:
         scores it); only the weight compares like with like. None when nothing is corrected, or when the processing
         is the temperature alone (the old log-probs are that already)."""
         a = self.args
-        sampler = SamplerSettings(a.temperature, a.top_k, a.top_p, a.repetition_penalty)
+        sampler = SamplerSettings(
+            temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, repetition_penalty=a.repetition_penalty
+        )
         return sampler if self.corrects_rollout and sampler.filters else None
 
     def _chunk_tensors(self, samples: Any, sl: slice, device: torch.device) -> list[torch.Tensor]:
@@ -323,6 +337,7 @@ class PolicyUpdate:
         agent: Agent,
         logp: torch.Tensor,
         tensors: list[torch.Tensor],
+        *,
         adv: torch.Tensor,
         weights: torch.Tensor,
         rollout_logp: torch.Tensor | None,
@@ -343,14 +358,14 @@ class PolicyUpdate:
             logp,
             frozen.old[key],
             adv.to(logp.device),
-            weights.to(logp.device),
-            self.args.epsilon,
-            ref,
-            self.args.beta,
-            rollout_logp,
-            self.rollout_is_cap,
-            self.args.epsilon_high,
-            frozen.sampler.get(key),
+            weights=weights.to(logp.device),
+            epsilon=self.args.epsilon,
+            ref_logp=ref,
+            beta=self.args.beta,
+            rollout_logp=rollout_logp,
+            is_cap=self.rollout_is_cap,
+            epsilon_high=self.args.epsilon_high,
+            sampler_logp=frozen.sampler.get(key),
         )
         if entropy is not None:
             values, tokens = entropy

@@ -50,7 +50,7 @@ def test_slot_attention_matches_masked_attention_over_the_packed_row(dtype):
     weights = torch.randn(u, length, hq, d, dtype=dtype)
     results = []
     for fn in (
-        lambda: attention.slot_attention_values(q, *kv, attention.slot_layout(bias, p, k, c), 0.35),
+        lambda: attention.slot_attention_values(q, *kv, layout=attention.slot_layout(bias, p, k, c), scaling=0.35),
         lambda: _eager(q, *kv, bias, 0.35),
     ):
         out = fn()
@@ -85,7 +85,7 @@ def test_packed_forward_runs_slot_attention_and_restores_the_implementation(attn
     model.set_attn_implementation(attn)
     calls = []
     original = attention.slot_attention_values
-    monkeypatch.setattr(attention, "slot_attention_values", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(attention, "slot_attention_values", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     tensors = _grouped_batch()
     packed = logprobs.completion_logprobs(model, *tensors)
     layers = model.config.num_hidden_layers if attn == "eager" else 0

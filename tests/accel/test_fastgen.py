@@ -357,7 +357,7 @@ def test_sample_fn_row_seeded_matches_generate():
     model = tiny_model().eval()
     ids, mask = left_pad(PROMPTS, 0)
     seeds = [11, 12, 13, 14, 15]
-    processors = LogitsProcessorList([RowSeededSampler(seeds, 0.9, 0, 0.95)])
+    processors = LogitsProcessorList([RowSeededSampler(seeds, temperature=0.9, top_k=0, top_p=0.95)])
     ref = model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -371,7 +371,7 @@ def test_sample_fn_row_seeded_matches_generate():
         logits_processor=processors,
     )
     ref = ref[:, ids.shape[1] :]
-    sampler = RowSeededSampler(seeds, 0.9, 0, 0.95)
+    sampler = RowSeededSampler(seeds, temperature=0.9, top_k=0, top_p=0.95)
     out = fast_generate(
         model,
         ids,
@@ -476,7 +476,14 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
     settings = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True)
     prompts = ["ab", "hello there"]
     requests = [
-        GenerationRequest(m, tok, prompts, 3, settings, row_seeds=[100 * i + k for k in range(6)])
+        GenerationRequest(
+            model=m,
+            tokenizer=tok,
+            prompts=prompts,
+            num_generations=3,
+            settings=settings,
+            row_seeds=[100 * i + k for k in range(6)],
+        )
         for i, m in enumerate(models)
     ]
     threads, sample = [], rollout._sample
@@ -493,16 +500,30 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
     finally:
         torch.set_num_threads(before)
     assert threads == [False, False]
-    alone = [generate(r.model, tok, prompts, 3, settings, row_seeds=r.row_seeds) for r in requests]
+    alone = [
+        generate(r.model, tok, prompts, num_generations=3, settings=settings, row_seeds=r.row_seeds) for r in requests
+    ]
     for a, b in zip(together, alone):
         assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
     assert not torch.equal(together[0].completion_ids, together[1].completion_ids)
     threads.clear()
-    generate_concurrently([GenerationRequest(m, tok, prompts, 3, settings) for m in models])  # global RNG
+    generate_concurrently(  # global RNG
+        [
+            GenerationRequest(model=m, tokenizer=tok, prompts=prompts, num_generations=3, settings=settings)
+            for m in models
+        ]
+    )
     assert threads == [True, True]
     threads.clear()
     off = GenerationSettings(max_new_tokens=8, temperature=1.0, do_sample=True, concurrent=False)
-    generate_concurrently([GenerationRequest(r.model, tok, prompts, 3, off, row_seeds=r.row_seeds) for r in requests])
+    generate_concurrently(
+        [
+            GenerationRequest(
+                model=r.model, tokenizer=tok, prompts=prompts, num_generations=3, settings=off, row_seeds=r.row_seeds
+            )
+            for r in requests
+        ]
+    )
     assert threads == [True, True]
 
 
@@ -525,7 +546,15 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
 
     model, tok = tiny_model(seed=3).eval(), tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast, logprobs=True)
-    s = generate(model, tok, ["ab", "hello there"], 3, settings, autocast_dtype=dtype, row_seeds=list(range(6)))
+    s = generate(
+        model,
+        tok,
+        ["ab", "hello there"],
+        num_generations=3,
+        settings=settings,
+        autocast_dtype=dtype,
+        row_seeds=list(range(6)),
+    )
     assert s.rollout_logprobs.shape == s.completion_ids.shape
     assert torch.all(s.rollout_logprobs[s.completion_mask == 0] == 0)
     real = s.completion_mask.bool()
@@ -538,7 +567,7 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
             s.completion_ids,
             s.completion_mask,
             temperature=0.7,
-            sampler=SamplerSettings(0.7, top_k=50),
+            sampler=SamplerSettings(temperature=0.7, top_k=50),
         )
     # a bf16 rollout may draw a token at the 50th place that the fp32 top-50 drops (the weight is 0 then)
     kept = real & ref.isfinite()
@@ -553,8 +582,8 @@ def test_rollout_logprobs_are_the_sampled_tokens_logprobs(fast, dtype):
         model,
         tok,
         ["ab", "hello there"],
-        3,
-        GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast),
+        num_generations=3,
+        settings=GenerationSettings(max_new_tokens=12, temperature=0.7, top_k=50, fast=fast),
         autocast_dtype=dtype,
         row_seeds=list(range(6)),
     )

@@ -112,7 +112,10 @@ def test_cross_mode_multi_turn_credits_each_sample_with_its_joint_actions_tree_r
 
     r0 = torch.tensor([[1.0, 2.0, 3.0, 4.0]])  # joint actions (0,0), (0,1), (1,0), (1,1)
     r1 = torch.tensor([[0.0] * 4, [4.0] * 4, [0.0, 2.0, 0.0, 2.0], [8.0] * 4])  # child means 0, 4, 1, 8
-    turns = [Turn([], [], r0, torch.tensor([[0, 1, 2, 3]])), Turn([], [], r1, torch.full((4, 4), -1))]
+    turns = [
+        Turn(nodes=[], samples=[], rewards=r0, children=torch.tensor([[0, 1, 2, 3]])),
+        Turn(nodes=[], samples=[], rewards=r1, children=torch.full((4, 4), -1)),
+    ]
     adv = episode_advantages(Episode(turns), 2, 2, joint_mode="cross", mode="mean", discount=0.5)
     # turn-0 returns 1 + 0, 2 + 2, 3 + 0.5, 4 + 4 = [[1, 4], [3.5, 8]] by (agent 0 sample, agent 1 sample)
     torch.testing.assert_close(adv[0][0], torch.tensor([-1.625, 1.625]))  # agent 0: credits 2.5, 5.75

@@ -34,7 +34,7 @@ def loss_and_grads(model, loss_type="token_mean", **pad):
     p_ids, p_mask, c_ids, c_mask, adv = batch(**pad)
     logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
     (w,) = loss_weights([c_mask], loss_type)
-    loss, _ = policy_loss(logp, logp.detach(), adv, w)
+    loss, _ = policy_loss(logp, logp.detach(), adv, weights=w)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -125,7 +125,7 @@ def test_ratio_clipping_and_kl():
     logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     old = torch.tensor([[-1.5, -0.5]])  # ratios e^0.5 = 1.65, e^-0.5 = 0.61
     w = torch.tensor([[0.5, 0.5]])
-    loss, m = policy_loss(logp, old, torch.tensor([1.0]), w, epsilon=0.2)
+    loss, m = policy_loss(logp, old, torch.tensor([1.0]), weights=w, epsilon=0.2)
     # A > 0: token 1 clipped at 1.2 (no gradient), token 2 unclipped ratio 0.61 (min of the two surrogates)
     expected = -(0.5 * 1.2 + 0.5 * torch.exp(torch.tensor(-0.5)))
     torch.testing.assert_close(loss, expected)
@@ -133,7 +133,7 @@ def test_ratio_clipping_and_kl():
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1] < 0
     assert m["clip_frac"] == pytest.approx(0.5)
     ref = torch.tensor([[-1.0, -2.0]])
-    loss_kl, mk = policy_loss(logp.detach(), logp.detach(), torch.tensor([0.0]), w, ref_logp=ref, beta=0.1)
+    loss_kl, mk = policy_loss(logp.detach(), logp.detach(), torch.tensor([0.0]), weights=w, ref_logp=ref, beta=0.1)
     k3 = torch.exp(torch.tensor(-1.0)) - (-1.0) - 1  # delta = ref - logp = -1 on token 2
     torch.testing.assert_close(mk["kl"], 0.5 * k3)
     torch.testing.assert_close(loss_kl, 0.1 * 0.5 * k3)
@@ -406,7 +406,7 @@ def test_truncated_importance_weights_on_a_mismatched_rollout():
     w = torch.tensor([[0.25, 0.25, 0.5]])
     adv = torch.tensor([2.0])
     rollout = torch.tensor([[-1.2, -2.0, -2.0]])  # weights e^0.2 = 1.22, 1, e^1.5 = 4.48 -> capped at 2
-    loss, m = policy_loss(logp, logp.detach(), adv, w, rollout_logp=rollout, is_cap=2.0)
+    loss, m = policy_loss(logp, logp.detach(), adv, weights=w, rollout_logp=rollout, is_cap=2.0)
     loss.backward()
     iw = torch.tensor([[float(torch.exp(torch.tensor(0.2))), 1.0, 2.0]])
     torch.testing.assert_close(logp.grad, -adv * w * iw)
@@ -415,9 +415,9 @@ def test_truncated_importance_weights_on_a_mismatched_rollout():
     torch.testing.assert_close(m["rollout_is_capped"], torch.tensor(0.5))
     torch.testing.assert_close(m["rollout_kl"], (w * (rollout - logp.detach())).sum())
     plain_logp = logp.detach().clone().requires_grad_()
-    plain, _ = policy_loss(plain_logp, logp.detach(), adv, w)
+    plain, _ = policy_loss(plain_logp, logp.detach(), adv, weights=w)
     same_logp = logp.detach().clone().requires_grad_()
-    same, ms = policy_loss(same_logp, logp.detach(), adv, w, rollout_logp=logp.detach())
+    same, ms = policy_loss(same_logp, logp.detach(), adv, weights=w, rollout_logp=logp.detach())
     plain.backward()
     same.backward()
     torch.testing.assert_close(same, plain)
@@ -487,7 +487,7 @@ def test_importance_weight_compares_the_sampler_logprobs():
     sampler = torch.tensor([[-0.5, -math.inf, -0.25]])
     rollout = torch.tensor([[-0.5, -1.0, -0.5]])  # weights 1, 0, e^0.25
     w, adv = torch.tensor([[0.25, 0.25, 0.5]]), torch.tensor([2.0])
-    loss, m = policy_loss(logp, logp.detach(), adv, w, rollout_logp=rollout, is_cap=3.0, sampler_logp=sampler)
+    loss, m = policy_loss(logp, logp.detach(), adv, weights=w, rollout_logp=rollout, is_cap=3.0, sampler_logp=sampler)
     loss.backward()
     iw = torch.tensor([[1.0, 0.0, math.exp(0.25)]])
     torch.testing.assert_close(logp.grad, -adv * w * iw)

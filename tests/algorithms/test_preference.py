@@ -44,7 +44,7 @@ def inputs(pc=PC, pr=PR, rc=RC, rr=RR):
 
 def test_dpo_value_with_reference():
     pc, pr, rc, rr = inputs()
-    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA)
+    loss, m = team_dpo_loss(pc, pr, rc, rr, beta=BETA)
     # team loss -log sigmoid(0.2) = 0.598139; the returned loss sums each agent's copy: 2 * 0.598139 = 1.196278
     torch.testing.assert_close(m["loss"], torch.tensor(-LOGSIG_02))
     torch.testing.assert_close(loss, torch.tensor(-2 * LOGSIG_02))
@@ -59,7 +59,7 @@ def test_dpo_value_with_reference():
 
 def test_dpo_value_reference_free():
     pc, pr, _, _ = inputs()
-    loss, m = team_dpo_loss(pc, pr, None, None, BETA, reference_free=True)
+    loss, m = team_dpo_loss(pc, pr, None, None, beta=BETA, reference_free=True)
     # h = (-1.0 + 1.5) + (-2.0 + 2.5) = 1.0, beta*h = 0.5
     # -log sigmoid(0.5) = ln(1 + e^-0.5) = ln(1 + 0.606531) = ln(1.606531) = 0.474077
     torch.testing.assert_close(m["loss"], torch.tensor(0.4740770))
@@ -76,11 +76,11 @@ def test_dpo_value_reference_free():
 
 def test_dpo_reference_free_ignores_refs_and_refs_needed_otherwise():
     pc, pr, rc, rr = inputs()
-    a, _ = team_dpo_loss(pc, pr, rc, rr, BETA, reference_free=True)
-    b, _ = team_dpo_loss(pc, pr, None, None, BETA, reference_free=True)
+    a, _ = team_dpo_loss(pc, pr, rc, rr, beta=BETA, reference_free=True)
+    b, _ = team_dpo_loss(pc, pr, None, None, beta=BETA, reference_free=True)
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="reference_free"):
-        team_dpo_loss(pc, pr, None, None, BETA)
+        team_dpo_loss(pc, pr, None, None, beta=BETA)
 
 
 def test_dpo_gradient_is_each_agents_own_term_scaled_by_one_over_p():
@@ -91,7 +91,7 @@ def test_dpo_gradient_is_each_agents_own_term_scaled_by_one_over_p():
         rc=[[-1.2, -1.4], [-2.05, -2.45]],
         rr=[[-1.4, -1.2], [-2.45, -2.05]],
     )
-    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA)
+    loss, m = team_dpo_loss(pc, pr, rc, rr, beta=BETA)
     loss.backward()
     # d total / d pc_i[p] = -beta*sigmoid(-beta h_p)/P:
     #   pair 0: -0.5 * sigmoid(-0.2) / 2 = -0.5 * 0.450166 / 2 = -0.112542
@@ -119,7 +119,7 @@ def test_agent_margin_carries_only_its_own_agents_gradient():
 
 def test_dpo_label_smoothing():
     pc, pr, rc, rr = inputs()
-    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA, label_smoothing=0.1)
+    loss, m = team_dpo_loss(pc, pr, rc, rr, beta=BETA, label_smoothing=0.1)
     # -(0.9) log sigmoid(0.2) - 0.1 log sigmoid(-0.2); log sigmoid(-0.2) = log sigmoid(0.2) - 0.2 = -0.798139
     # = 0.9 * 0.598139 + 0.1 * 0.798139 = 0.538325 + 0.079814 = 0.618139
     torch.testing.assert_close(m["loss"], torch.tensor(0.6181389))
@@ -131,7 +131,7 @@ def test_dpo_label_smoothing():
 
 def test_dpo_ipo_value_and_gradient():
     pc, pr, rc, rr = inputs()
-    loss, m = team_dpo_loss(pc, pr, rc, rr, BETA, loss_type="ipo")
+    loss, m = team_dpo_loss(pc, pr, rc, rr, beta=BETA, loss_type="ipo")
     # 1/(2 beta) = 1; (h - 1)^2 = (0.4 - 1)^2 = 0.36; two agents' copies: 0.72
     torch.testing.assert_close(m["loss"], torch.tensor(0.36))
     torch.testing.assert_close(loss, torch.tensor(0.72))
@@ -144,15 +144,15 @@ def test_dpo_ipo_value_and_gradient():
 def test_dpo_rejects_bad_settings():
     pc, pr, rc, rr = inputs()
     with pytest.raises(ValueError, match="'hinge'"):
-        team_dpo_loss(pc, pr, rc, rr, BETA, loss_type="hinge")
+        team_dpo_loss(pc, pr, rc, rr, beta=BETA, loss_type="hinge")
     with pytest.raises(ValueError, match="label_smoothing"):
-        team_dpo_loss(pc, pr, rc, rr, BETA, loss_type="ipo", label_smoothing=0.1)
+        team_dpo_loss(pc, pr, rc, rr, beta=BETA, loss_type="ipo", label_smoothing=0.1)
     with pytest.raises(ValueError, match="beta"):
-        team_dpo_loss(pc, pr, rc, rr, 0.0)
+        team_dpo_loss(pc, pr, rc, rr, beta=0.0)
     with pytest.raises(ValueError, match="shape"):
-        team_dpo_loss(pc, pr[:1], rc, rr, BETA)
+        team_dpo_loss(pc, pr[:1], rc, rr, beta=BETA)
     with pytest.raises(ValueError, match="P = 0"):
-        team_dpo_loss(pc[:, :0], pr[:, :0], rc[:, :0], rr[:, :0], BETA)
+        team_dpo_loss(pc[:, :0], pr[:, :0], rc[:, :0], rr[:, :0], beta=BETA)
 
 
 def test_bradley_terry_value_gradient_and_accuracy():
@@ -175,44 +175,44 @@ ALL = [(0, 3), (1, 0), (1, 3), (2, 0), (2, 3)]
 
 
 def test_select_pairs_all_drops_ties():
-    assert select_pairs(R, "all") == PairSelection(ALL, ties=1)
-    assert select_pairs(R, "all", pairs_per_prompt=2).pairs == [(0, 3), (1, 0)]
+    assert select_pairs(R, mode="all") == PairSelection(ALL, ties=1)
+    assert select_pairs(R, mode="all", pairs_per_prompt=2).pairs == [(0, 3), (1, 0)]
 
 
 def test_select_pairs_reward_gap_largest_first_index_tie_break():
-    sel = select_pairs(R, "reward_gap")
+    sel = select_pairs(R, mode="reward_gap")
     assert sel.pairs == [(1, 3), (2, 3), (1, 0), (2, 0), (0, 3)]
     assert sel.ties == 1
-    assert select_pairs(R, "reward_gap", pairs_per_prompt=3).pairs == [(1, 3), (2, 3), (1, 0)]
+    assert select_pairs(R, mode="reward_gap", pairs_per_prompt=3).pairs == [(1, 3), (2, 3), (1, 0)]
 
 
 def test_select_pairs_random_subset_is_seeded():
     def draw(seed):
-        return select_pairs(R, "random", pairs_per_prompt=3, generator=torch.Generator().manual_seed(seed))
+        return select_pairs(R, mode="random", pairs_per_prompt=3, generator=torch.Generator().manual_seed(seed))
 
     sel = draw(0)
     assert len(sel.pairs) == 3 and set(sel.pairs) <= set(ALL) and sel.pairs == sorted(sel.pairs)
     assert sel.ties == 1
     assert draw(0) == sel
     assert {tuple(draw(s).pairs) for s in range(20)} != {tuple(sel.pairs)}  # other seeds draw other subsets
-    assert select_pairs(R, "random").pairs == ALL  # no cap: every pair
+    assert select_pairs(R, mode="random").pairs == ALL  # no cap: every pair
 
 
 def test_select_pairs_tolerance_and_all_tied():
     # tolerance 1: |1 - 0| = 1 and |3 - 3| = 0 are ties; pairs left (1,0), (1,3), (2,0), (2,3)
-    assert select_pairs(R, "all", tie_tolerance=1.0) == PairSelection([(1, 0), (1, 3), (2, 0), (2, 3)], ties=2)
-    assert select_pairs(torch.tensor([2.0, 2.0, 2.0]), "reward_gap") == PairSelection([], ties=3)
+    assert select_pairs(R, mode="all", tie_tolerance=1.0) == PairSelection([(1, 0), (1, 3), (2, 0), (2, 3)], ties=2)
+    assert select_pairs(torch.tensor([2.0, 2.0, 2.0]), mode="reward_gap") == PairSelection([], ties=3)
 
 
 def test_select_pairs_rejects_bad_input():
     with pytest.raises(ValueError, match="'best'"):
-        select_pairs(R, "best")
+        select_pairs(R, mode="best")
     with pytest.raises(ValueError, match="pairs_per_prompt"):
-        select_pairs(R, "all", pairs_per_prompt=0)
+        select_pairs(R, mode="all", pairs_per_prompt=0)
     with pytest.raises(ValueError, match="finite"):
-        select_pairs(torch.tensor([1.0, float("nan")]), "all")
+        select_pairs(torch.tensor([1.0, float("nan")]), mode="all")
     with pytest.raises(ValueError, match=r"\(K,\)"):
-        select_pairs(R.view(2, 2), "all")
+        select_pairs(R.view(2, 2), mode="all")
 
 
 AGES = torch.tensor([0, 1, 2, 3])
@@ -284,23 +284,23 @@ def test_join_roles_round_trip():
 
 def test_select_pairs_with_sides_pairs_only_across_teams() -> None:
     # candidates 0, 1 from the team, 2, 3 from the comparator; rewards 3, 1, 2, 1
-    sel = select_pairs(torch.tensor([3.0, 1.0, 2.0, 1.0]), "all", sides=[0, 0, 1, 1])
+    sel = select_pairs(torch.tensor([3.0, 1.0, 2.0, 1.0]), mode="all", sides=[0, 0, 1, 1])
     # across pairs: (0,2) gap 1, (0,3) gap 2, (2,1) gap 1; (1,3) is a tie; (0,1) and (2,3) are within a side
     assert sel.pairs == [(0, 2), (0, 3), (2, 1)]
     assert sel.ties == 1
-    gap = select_pairs(torch.tensor([3.0, 1.0, 2.0, 1.0]), "reward_gap", pairs_per_prompt=2, sides=[0, 0, 1, 1])
+    gap = select_pairs(torch.tensor([3.0, 1.0, 2.0, 1.0]), mode="reward_gap", pairs_per_prompt=2, sides=[0, 0, 1, 1])
     assert gap.pairs == [(0, 3), (0, 2)]
 
 
 def test_team_dpo_loss_pair_weights_scale_each_pair() -> None:
     # two pairs, one agent, reference-free: h = (1 - 0, 0 - 1) = (1, -1); beta 1
     pc, pr = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
-    loss, m = team_dpo_loss(pc, pr, None, None, 1.0, reference_free=True, pair_weights=torch.tensor([1.0, 0.5]))
+    loss, m = team_dpo_loss(pc, pr, None, None, beta=1.0, reference_free=True, pair_weights=torch.tensor([1.0, 0.5]))
     expected = (-math.log(1 / (1 + math.exp(-1))) * 1.0 + -math.log(1 / (1 + math.exp(1))) * 0.5) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
     assert float(m["loss"]) == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="pair_weights"):
-        team_dpo_loss(pc, pr, None, None, 1.0, reference_free=True, pair_weights=torch.tensor([1.0]))
+        team_dpo_loss(pc, pr, None, None, beta=1.0, reference_free=True, pair_weights=torch.tensor([1.0]))
 
 
 # ----------------------------------------------------------------------------------------------- IPO (TRL's form)
@@ -326,11 +326,11 @@ def test_ipo_loss_on_token_mean_logps_matches_hand_computed() -> None:
     ref = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -3.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     pol, rf = sequence_logps(tok, mask, "ipo"), sequence_logps(ref, mask, "ipo")
-    loss, m = team_dpo_loss(pol[None, :1], pol[None, 1:], rf[None, :1], rf[None, 1:], 0.5, loss_type="ipo")
+    loss, m = team_dpo_loss(pol[None, :1], pol[None, 1:], rf[None, :1], rf[None, 1:], beta=0.5, loss_type="ipo")
     assert float(loss) == pytest.approx(4.0) and float(m["margin"]) == pytest.approx(-1.0)
     summed = sequence_logps(tok, mask, "sigmoid"), sequence_logps(ref, mask, "sigmoid")
     loss_sum, _ = team_dpo_loss(
-        summed[0][None, :1], summed[0][None, 1:], summed[1][None, :1], summed[1][None, 1:], 0.5, loss_type="ipo"
+        summed[0][None, :1], summed[0][None, 1:], summed[1][None, :1], summed[1][None, 1:], beta=0.5, loss_type="ipo"
     )
     assert float(loss_sum) == pytest.approx(16.0)
 
@@ -381,16 +381,23 @@ def test_comparator_reward_selection_by_hand():
     pairs with a gap are (0, 2) gap 1, (0, 3) gap 2, (2, 1) gap 2, (3, 1) gap 1. Highest comparator reward first:
     candidate 2 (reward 2) in (2, 1) and (0, 2), larger gap first, then candidate 3's (0, 3), (3, 1)."""
     r = torch.tensor([3.0, 0.0, 2.0, 1.0])
-    sel = select_pairs(r, "comparator_reward", None, sides=[0, 0, 1, 1])
+    sel = select_pairs(r, mode="comparator_reward", pairs_per_prompt=None, sides=[0, 0, 1, 1])
     assert sel.pairs == [(2, 1), (0, 2), (0, 3), (3, 1)]
-    assert select_pairs(r, "comparator_reward", 2, sides=[0, 0, 1, 1]).pairs == [(2, 1), (0, 2)]
-    assert select_pairs(r, "comparator_reward", 2).pairs == select_pairs(r, "reward_gap", 2).pairs  # no sides
+    assert select_pairs(r, mode="comparator_reward", pairs_per_prompt=2, sides=[0, 0, 1, 1]).pairs == [(2, 1), (0, 2)]
+    assert (
+        select_pairs(r, mode="comparator_reward", pairs_per_prompt=2).pairs
+        == select_pairs(r, mode="reward_gap", pairs_per_prompt=2).pairs
+    )  # no sides
 
 
 def test_select_pairs_with_positions_pairs_only_the_same_candidate_index():
     from comlrl.algorithms.preference import select_pairs
 
     rewards = torch.tensor([3.0, 0.0, 1.0, 2.0, 2.0, 5.0])  # team 0..2, comparator 0..2
-    sel = select_pairs(rewards, "all", None, sides=[0, 0, 0, 1, 1, 1], positions=[0, 1, 2, 0, 1, 2])
+    sel = select_pairs(
+        rewards, mode="all", pairs_per_prompt=None, sides=[0, 0, 0, 1, 1, 1], positions=[0, 1, 2, 0, 1, 2]
+    )
     assert sel.pairs == [(0, 3), (4, 1), (5, 2)] and sel.ties == 0
-    assert len(select_pairs(rewards, "all", None, sides=[0, 0, 0, 1, 1, 1]).pairs) == 9  # any team x comparator
+    assert (
+        len(select_pairs(rewards, mode="all", pairs_per_prompt=None, sides=[0, 0, 0, 1, 1, 1]).pairs) == 9
+    )  # any team x comparator

@@ -371,7 +371,9 @@ def test_transition_receives_every_documented_keyword():
         seen.update(kwargs)
         return ["a", "b"]
 
-    node = Node({"prompt": "q"}, 0, ["p0", "p1"], [["p0"], ["p1"]], [[], []])
+    node = Node(
+        row={"prompt": "q"}, row_id=0, prompts=["p0", "p1"], prompt_history=[["p0"], ["p1"]], response_history=[[], []]
+    )
     child = transition(spy, node, ["c0", "c1"], 1)
     assert sorted(seen) == sorted(TRANSITION_KWARGS) and child.prompts == ["a", "b"]
     assert seen["response_history_per_agent"] == [["c0"], ["c1"]] and seen["turn"] == 1

@@ -91,15 +91,15 @@ def test_baseline_rows_score_each_row_and_count_its_tokens():
         def generate(agent, prompts):  # agent 1 writes more on longer prompts
             return [p if agent else "x" for p in prompts]
 
-        got = baseline_rows(env, "parallel", generate, rows)
+        got = baseline_rows(env, "parallel", generate=generate, rows=rows)
         # agent 1 answers its prompt "<p> More:"; agent 0 answers "x": reward = (len(p) + 6 - 1) / 10
         assert [s["reward"] for s in got.scores] == pytest.approx([0.6, 0.7, 0.8])
         assert [s["level/longer"] for s in got.scores] == [1.0, 1.0, 1.0]
         assert got.answers[0] == ["x", "x", "x"] and got.answers[1][2] == "ccc More:"
         assert got.tokens == [1 + 2, 1 + 2, 1 + 2]  # whitespace tokens of both agents' answers per row
-        seq = baseline_rows(env, "sequential", generate, rows)
+        seq = baseline_rows(env, "sequential", generate=generate, rows=rows)
         assert seq.tokens[0] > got.tokens[0]  # agent 1 echoes a prompt that shows agent 0's answer
-        metrics = run_baseline(env, "parallel", generate, rows)  # the aggregate path is unchanged
+        metrics = run_baseline(env, "parallel", generate=generate, rows=rows)  # the aggregate path is unchanged
         assert metrics["reward/mean"] == pytest.approx(0.7) and metrics["tokens/per_task"] == pytest.approx(3.0)
 
 
@@ -161,7 +161,7 @@ def comparison(setup):
         samples=2,
         temperature=1.0,
         seed=5,
-        reference="untrained",
+        control="untrained",
         out=s["root"] / "out",
         progress=False,
     )
@@ -225,7 +225,7 @@ def test_outputs_hold_a_run_and_baselines_in_one_table(comparison, setup):
     md = (out / "results.md").read_text()
     for name in ("team", "untrained", "parallel", "single", "solo"):
         assert f"| {name} | " in md
-    assert "| untrained | " in md and "(reference)" in md and "level/longer" in md and "vs untrained" in md
+    assert "| untrained | " in md and "(control)" in md and "level/longer" in md and "vs untrained" in md
     team = comparison.summary["team"]["reward"]
     assert f"{team['mean']:.3f} [{team['low']:.3f}, {team['high']:.3f}]" in md
     with (out / "results.csv").open() as fh:
@@ -235,7 +235,7 @@ def test_outputs_hold_a_run_and_baselines_in_one_table(comparison, setup):
     assert table["parallel"]["kind"] == "baseline" and table["solo"]["kind"] == "run"
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len((out / "samples.jsonl").read_text().splitlines()) == 6 * 3 * 2
-    assert json.loads((out / "summary.json").read_text())["reference"] == "untrained"
+    assert json.loads((out / "summary.json").read_text())["control"] == "untrained"
 
 
 def test_the_cli_writes_the_folder(setup, capsys):
@@ -243,9 +243,10 @@ def test_the_cli_writes_the_folder(setup, capsys):
     out = s["root"] / "cli-out"
     argv = ["compare", f"run:{s['team']}"]
     argv += [f"baseline:sequential@{s['team_cfg']}", "--rows", "2", "--out", str(out), "--seed", "1"]
-    assert main(argv) == 0
+    assert main([*argv, "--control", "sequential"]) == 0
     printed = capsys.readouterr().out
-    assert "sequential" in printed and "team reward [95% CI]" in printed
+    assert "vs sequential [95% CI]" in printed and "| sequential | " in printed and "(control)" in printed
+    assert json.loads((out / "summary.json").read_text())["control"] == "sequential"
     assert (out / "results.md").is_file() and (out / "results.csv").is_file() and (out / "compare.png").is_file()
     assert main(["compare", str(s["team"]), "--rows", "2", "--samples", "2", "--out", str(out)]) == 2
     assert "greedy answers repeat" in capsys.readouterr().err
@@ -253,9 +254,9 @@ def test_the_cli_writes_the_folder(setup, capsys):
 
 def test_condition_syntax(setup):
     s = setup
-    assert parse_condition(f"x=run:{s['team']}@4") == Condition("x", "run", str(s["team"]), 4)
+    assert parse_condition(f"x=run:{s['team']}@4") == Condition(name="x", kind="run", target=str(s["team"]), step=4)
     assert parse_condition(str(s["team"])).kind == "run"
-    assert parse_condition(s["team_cfg"]) == Condition("untrained", "untrained", s["team_cfg"])
+    assert parse_condition(s["team_cfg"]) == Condition(name="untrained", kind="untrained", target=s["team_cfg"])
     c = parse_condition(f"baseline:discussion@{s['team_cfg']}")
     assert (c.name, c.mode, c.target) == ("discussion", "discussion", s["team_cfg"])
     for bad, message in [
@@ -267,8 +268,8 @@ def test_condition_syntax(setup):
             parse_condition(bad)
     with pytest.raises(ComlrlError, match="two conditions are named 'untrained'"):
         compare([s["team_cfg"], s["team_cfg"]], rows=1, progress=False)
-    with pytest.raises(ComlrlError, match="reference 'nope' is not a condition"):
-        compare([s["team_cfg"]], reference="nope", progress=False)
+    with pytest.raises(ComlrlError, match="control 'nope' is not a condition"):
+        compare([s["team_cfg"]], control="nope", progress=False)
     with pytest.raises(ComlrlError, match="has 4 evaluation rows"):
         compare([s["team_cfg"]], rows=9, progress=False)
 
@@ -291,7 +292,9 @@ def test_summary_by_hand_with_a_task_metric_and_contribution_columns():
         rec("b", 1, 1.0, 1.0),
     ]
     extras = {"b": {"eval/contribution/agent_0/empty/mean": 0.25}}
-    s = summarize(records, ["a", "b"], "a", [0, 1], 2, seconds={"a": 2.0, "b": 4.0}, extras=extras)
+    s = summarize(
+        records, names=["a", "b"], control="a", row_ids=[0, 1], samples=2, seconds={"a": 2.0, "b": 4.0}, extras=extras
+    )
     # rows of a: 0.5, 0.0 -> 0.25; rows of b: 0.5, 1.0 -> 0.75; paired differences 0.0 and 1.0 -> 0.5
     assert s["a"]["reward"]["mean"] == 0.25 and s["b"]["reward"]["mean"] == 0.75
     assert s["b"]["difference"]["mean"] == 0.5 and s["a"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
@@ -304,7 +307,7 @@ def test_summary_by_hand_with_a_task_metric_and_contribution_columns():
         "| b | 0.750 [0.500, 1.000] | 0.500 [0.000, 1.000] | 1.000 | 0.500 | 0.500 | 4.000 | 1.000 | 0.250 |" in table
     )
     with pytest.raises(ComlrlError, match=r"condition 'b' has no answer for rows \[1\]"):
-        summarize(records[:6], ["a", "b"], "a", [0, 1], 2)
+        summarize(records[:6], names=["a", "b"], control="a", row_ids=[0, 1], samples=2)
 
 
 def test_compare_help():
@@ -342,7 +345,7 @@ def crossplay(setup):
         samples=2,
         temperature=1.0,
         seed=5,
-        reference="a",
+        control="a",
         progress=False,
     )
     return {"a": a, "b": b, "lora": lora, "result": result}

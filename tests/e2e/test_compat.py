@@ -782,7 +782,8 @@ def test_cross_credit_sums_or_averages_the_joint_returns():
     with pytest.raises(ValueError, match="credit 'max'"):
         cross_credit(joint, 0, "max")
     # joint actions in (agent 0, agent 1) order: (0, 0), (0, 1), (1, 0), (1, 1)
-    episode = Episode([Turn([], [], torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.full((1, 4), -1))])
+    turn = Turn(nodes=[], samples=[], rewards=torch.tensor([[1.0, 2.0, 3.0, 4.0]]), children=torch.full((1, 4), -1))
+    episode = Episode([turn])
     mean = episode_advantages(episode, 2, 2, joint_mode="cross", mode="mean")
     total = episode_advantages(episode, 2, 2, joint_mode="cross", mode="mean", credit="sum")
     assert mean[0][0].tolist() == [-1.0, 1.0] and total[0][0].tolist() == [-2.0, 2.0]  # [3, 7] - 5
@@ -820,7 +821,8 @@ def test_reference_cross_mode_sums_credit_and_maps_crossed(tiny_dir, tmp_path):
             advantage_normalization=False,
         ),
     )
-    episode = Episode([Turn([], [], torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.full((1, 4), -1))])
+    turn = Turn(nodes=[], samples=[], rewards=torch.tensor([[1.0, 2.0, 3.0, 4.0]]), children=torch.full((1, 4), -1))
+    episode = Episode([turn])
     adv = trainer.compute_advantages(episode, {})
     assert adv[0][0].tolist() == [-2.0, 2.0] and adv[1][0].tolist() == [-1.0, 1.0]  # summed credit, mean baseline
 
@@ -901,7 +903,13 @@ def test_reference_actor_critic_scores_each_group_in_one_call(tiny_dir, tmp_path
         agent_model=tiny_dir, reward_func=reward_func, formatters=[lambda r: r["prompt"], lambda r: r["prompt"] + "!"],
         args=args, train_dataset=ROWS,
     )  # fmt: skip
-    episode = trainer.rollout(ROWS[:2], [0, 1], trainer.generation_settings(train=True), 3, trainer.reward_func)
+    episode = trainer.rollout(
+        ROWS[:2],
+        [0, 1],
+        settings=trainer.generation_settings(train=True),
+        num_generations=3,
+        reward_func=trainer.reward_func,
+    )
     # as the reference's IAC / MAAC: one call per row with each agent's whole group, its prompts and its row
     assert len(calls) == 2 and all(len(c1) == len(c2) == 3 for c1, c2, _, _ in calls)
     for m, (c1, _, prompts, items) in enumerate(calls):

@@ -62,7 +62,7 @@ def test_the_team_rows_are_the_before_and_after_evaluations(run):
     folder = run["dir"] / "compare"
     summary = json.loads((folder / "summary.json").read_text())
     conditions = summary["conditions"]
-    assert list(conditions) == ["trained", "untrained", "single", "parallel"] and summary["reference"] == "untrained"
+    assert list(conditions) == ["trained", "untrained", "single", "parallel"] and summary["control"] == "untrained"
     before = json.loads((run["dir"] / "eval_before.json").read_text())
     after = json.loads((run["dir"] / "eval_after.json").read_text())
     assert conditions["untrained"]["reward"]["mean"] == pytest.approx(before["eval/reward/mean"])

@@ -89,7 +89,9 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
     shared, plain = trainer(share=True), trainer(share=False)
     assert plain.agents[0].model is not plain.agents[1].model
     _sync_adapters(shared, plain)
-    ep = shared.rollout(ROWS[:2], [0, 1], shared.generation_settings(), 2, shared.reward_func)
+    ep = shared.rollout(
+        ROWS[:2], [0, 1], settings=shared.generation_settings(), num_generations=2, reward_func=shared.reward_func
+    )
     from comlrl.algorithms.losses import loss_weights
     from comlrl.rollout.episode import episode_advantages
 
@@ -100,7 +102,7 @@ def test_shared_and_per_agent_peft_paths_give_same_loss_and_gradients():
         grads = []
         for t in (shared, plain):
             agent = t.agents[i]
-            t.update._accumulate_agent(agent, batches, w, FrozenLogprobs(), 0)
+            t.update._accumulate_agent(agent, batches, w, frozen=FrozenLogprobs(), iteration=0)
             grads.append([p.grad.clone() for p in agent.params])
             agent.optimizer.zero_grad()
         for g1, g2 in zip(*grads):
@@ -115,8 +117,8 @@ def test_mixed_adapter_generation_matches_one_agent_at_a_time():
     nodes = root_nodes(shared.agents, ROWS[:2], [0, 1])
     from comlrl.rollout.episode import generate_team
 
-    together = generate_team(shared.agents, nodes, 1, greedy)
-    alone = generate_team(plain.agents, nodes, 1, greedy)
+    together = generate_team(shared.agents, nodes, 1, settings=greedy)
+    alone = generate_team(plain.agents, nodes, 1, settings=greedy)
     assert [s.texts for s in together] == [s.texts for s in alone]
     for s, a in zip(together, alone):  # each agent's rows keep their own recorded log-probs
         assert s.rollout_logprobs.shape == s.completion_ids.shape
@@ -209,7 +211,7 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
     t = trainer(bf16=True, formatters=fmts, team_lora_forward=True)
     _sync_adapters(t, t)
     assert t.update._update_groups() == [t.agents]
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
     adv = episode_advantages(ep, 3, 2)
     data = {}
     for a in t.agents:
@@ -224,7 +226,7 @@ def test_team_lora_forward_gives_each_agent_its_own_gradients():
     team = [[p.grad.clone() for p in a.params] for a in t.agents]
     for a in t.agents:
         batches, w, _, _ = data[a.index]
-        sums = t.update._accumulate_agent(a, batches, w, FrozenLogprobs(), 0)
+        sums = t.update._accumulate_agent(a, batches, w, frozen=FrozenLogprobs(), iteration=0)
         for k, v in sums.items():
             assert abs(team_sums[a.index][k] - v) <= 1e-2 * max(abs(v), 1e-3), (a.index, k)
         alone = [p.grad for p in a.params]

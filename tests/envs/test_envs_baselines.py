@@ -41,7 +41,7 @@ LENGTH = sum(s["level/length"] for s in SCORES) / 2
 )
 def test_modes_score_the_same_answers(mode, n_calls, tokens):
     gen = FakeGenerator()
-    out = run_baseline(envs.make("tldr"), mode, gen, ROWS)
+    out = run_baseline(envs.make("tldr"), mode, generate=gen, rows=ROWS)
     assert out["reward/mean"] == pytest.approx(EXPECTED) and EXPECTED > 1.0
     assert len(gen.calls) == n_calls and out["num_tasks"] == 2
     assert out["tokens/per_task"] == tokens  # whitespace tokens per task over all calls (the marker line counts 3)
@@ -53,22 +53,22 @@ def test_prompt_wiring():
     concise_fmt, detailed_fmt = env.formatters()
 
     gen = FakeGenerator()
-    run_baseline(env, "single", gen, ROWS)
+    run_baseline(env, "single", generate=gen, rows=ROWS)
     [(agent, prompts)] = gen.calls
     assert agent == 0 and prompts == [env.single_formatter()(r) for r in ROWS] and MARKER in prompts[0]
 
     gen = FakeGenerator()
-    run_baseline(env, "parallel", gen, ROWS)
+    run_baseline(env, "parallel", generate=gen, rows=ROWS)
     assert gen.calls == [(0, [concise_fmt(r) for r in ROWS]), (1, [detailed_fmt(r) for r in ROWS])]
 
     gen = FakeGenerator()
-    run_baseline(env, "sequential", gen, ROWS)
+    run_baseline(env, "sequential", generate=gen, rows=ROWS)
     (a0, p0), (a1, p1) = gen.calls
     assert (a0, a1) == (0, 1) and p0 == [concise_fmt(r) for r in ROWS]
     assert p1[0].startswith(detailed_fmt(ROWS[0])) and CONCISE in p1[0] and "agent 1" in p1[0]
 
     gen = FakeGenerator()
-    run_baseline(env, "discussion", gen, ROWS)
+    run_baseline(env, "discussion", generate=gen, rows=ROWS)
     first0, first1, second0, second1 = gen.calls
     assert first0 == (0, [concise_fmt(r) for r in ROWS]) and first1 == (1, [detailed_fmt(r) for r in ROWS])
     assert second0[0] == 0 and "Your first draft:\n" + CONCISE in second0[1][0] and DETAILED in second0[1][0]
@@ -76,12 +76,12 @@ def test_prompt_wiring():
 
 
 def test_custom_token_counter_and_errors():
-    out = run_baseline(envs.make("tldr"), "parallel", FakeGenerator(), ROWS, count_tokens=len)
+    out = run_baseline(envs.make("tldr"), "parallel", generate=FakeGenerator(), rows=ROWS, count_tokens=len)
     assert out["tokens/per_task"] == len(CONCISE) + len(DETAILED)
     with pytest.raises(ValueError, match="unknown baseline mode 'debate'"):
-        run_baseline(envs.make("tldr"), "debate", FakeGenerator(), ROWS)
+        run_baseline(envs.make("tldr"), "debate", generate=FakeGenerator(), rows=ROWS)
     with pytest.raises(ValueError, match="returned 1 completions for 2 prompts"):
-        run_baseline(envs.make("tldr"), "parallel", lambda agent, prompts: ["x"], ROWS)
+        run_baseline(envs.make("tldr"), "parallel", generate=lambda agent, prompts: ["x"], rows=ROWS)
 
 
 def test_code_single_mode_splits_aux_out():
@@ -92,7 +92,9 @@ def test_code_single_mode_splits_aux_out():
         "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n",
     }
     program = "```python\ndef aux(x):\n    return x + x\n\ndef double(x):\n    y = aux(x)\n    return y\n```"
-    out = run_baseline(envs.make("humaneval"), "single", lambda agent, prompts: [program] * len(prompts), [row])
+    out = run_baseline(
+        envs.make("humaneval"), "single", generate=lambda agent, prompts: [program] * len(prompts), rows=[row]
+    )
     assert out["pass@1"] == 1.0 and out["level/aux_defined"] == 1.0 and out["aux/usage_rate"] == 1.0
     assert out["reward/mean"] == pytest.approx(3.0)  # r = aux(x); return r is a trivial wrapper: no +1.0
 
@@ -124,6 +126,8 @@ def test_one_completion_for_the_whole_team_gets_the_joint_token_budget():
     env = envs.make("tldr")
     for mode, expected in [("single", [2]), ("centralized", [2]), ("parallel", [1, 1]), ("sequential", [1, 1])]:
         asked.clear()
-        run_baseline(env, mode, generate, ROWS)
+        run_baseline(env, mode, generate=generate, rows=ROWS)
         assert asked == expected, mode
-    assert run_baseline(env, "single", lambda agent, prompts: ["x"] * len(prompts), ROWS)["num_tasks"] == len(ROWS)
+    assert run_baseline(env, "single", generate=lambda agent, prompts: ["x"] * len(prompts), rows=ROWS)[
+        "num_tasks"
+    ] == len(ROWS)

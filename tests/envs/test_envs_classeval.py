@@ -40,7 +40,9 @@ def shared_data_module():
 
 
 def _methods(*params):
-    return tuple(Method(f"m{i}", f"def m{i}(self):", "", p) for i, p in enumerate(params))
+    return tuple(
+        Method(name=f"m{i}", signature=f"def m{i}(self):", description="", params=p) for i, p in enumerate(params)
+    )
 
 
 def test_assignment_strategies():
@@ -109,13 +111,13 @@ def test_bank_account_levels(rows):
     assert reward.score(["lorem ipsum"], ["def nothing("], batch_items=[row])[0]["reward"] == 0.0
 
 
-def test_references_pass(rows):
+def test_canonical_solutions_pass(rows):
     env = envs.make("classeval")
-    subset = rows[:10]  # ClassEval_0..9: their references pass in a plain subprocess
-    scores = env.reward_func.score([""] * 10, [r["reference"] for r in subset], batch_items=subset)
+    subset = rows[:10]  # ClassEval_0..9: their canonical solutions pass in a plain subprocess
+    scores = env.reward_func.score([""] * 10, [r["canonical_solution"] for r in subset], batch_items=subset)
     assert [s["level/tests"] for s in scores] == [1.0] * 10
     assert all(s["reward"] == pytest.approx(6.0) for s in scores)
-    assert env.evaluate([[""] * 10, [r["reference"] for r in subset]], subset)["pass@1"] == 1.0
+    assert env.evaluate([[""] * 10, [r["canonical_solution"] for r in subset]], subset)["pass@1"] == 1.0
 
 
 def test_prompts_single_and_transition(rows):

@@ -1,6 +1,7 @@
-"""Code environments (humaneval, coophumaneval, mbpp): levels, references, loaders, transitions.
+"""Code environments (humaneval, coophumaneval, mbpp): levels, canonical solutions, loaders,
+transitions.
 
-Tests that run programs go through comlrl.sandbox; the reference checks use deterministic subsets.
+Tests that run programs go through comlrl.sandbox; the canonical-solution checks use deterministic subsets.
 """
 
 import json
@@ -164,22 +165,22 @@ def test_humaneval_package_loader_and_prompts(humaneval):
     )
 
 
-def test_humaneval_references_pass(humaneval):
+def test_humaneval_canonical_solutions_pass(humaneval):
     rows = [dict(r) for r in humaneval.load_dataset(limit=20)]
-    scores = humaneval.reward_func.score([""] * 20, [r["reference"] for r in rows], batch_items=rows)
+    scores = humaneval.reward_func.score([""] * 20, [r["canonical_solution"] for r in rows], batch_items=rows)
     assert [s["level/tests"] for s in scores] == [1.0] * 20
     assert all(s["reward"] == pytest.approx(2.1) for s in scores)
-    metrics = humaneval.evaluate([[""] * 20, [r["reference"] for r in rows]], rows)
+    metrics = humaneval.evaluate([[""] * 20, [r["canonical_solution"] for r in rows]], rows)
     assert (
         metrics["pass@1"] == 1.0 and metrics["aux/usage_rate"] == 0.0 and metrics["reward/mean"] == pytest.approx(2.1)
     )
 
 
-def test_mbpp_references_pass(shared_data):
+def test_mbpp_canonical_solutions_pass(shared_data):
     env = envs.make("mbpp")
     rows = [dict(r) for r in env.load_dataset(str(shared_data / "mbpp.jsonl"), limit=30)]  # tasks 1..30
     assert rows[0]["entry_point"] == "min_cost" and rows[0]["prompt"].startswith("def min_cost(cost, m, n):")
-    scores = env.reward_func.score([""] * 30, [r["reference"] for r in rows], batch_items=rows)
+    scores = env.reward_func.score([""] * 30, [r["canonical_solution"] for r in rows], batch_items=rows)
     assert [s["level/tests"] for s in scores] == [1.0] * 30
     assert env.reward_func([""], ["garbage"], batch_items=rows[:1]) == [0.0]
 
@@ -198,14 +199,50 @@ def test_coophumaneval_local_file(tmp_path):
     path = tmp_path / "coop.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     ds = env.load_dataset(str(path))
-    assert ds["task_id"] == ["coop/0", "2"] and ds[0]["reference"].endswith("return x - math.floor(x)\n")
-    assert ds[1]["reference"] == ""
+    assert ds["task_id"] == ["coop/0", "2"] and ds[0]["canonical_solution"].endswith("return x - math.floor(x)\n")
+    assert ds[1]["canonical_solution"] == ""
     as_json = tmp_path / "coop.json"
     as_json.write_text(json.dumps(rows))
     assert env.load_dataset(str(as_json)).num_rows == 2
     assert env.reward_func([AUX], [MAIN], batch_items=[ds[0]]) == pytest.approx([4.0])
     with pytest.raises(DatasetError, match="'OpenMLRL/CoopHumanEval'"):
         env.load_dataset()
+
+
+def test_a_solution_under_reference_is_refused_by_name(tmp_path):
+    """The canonical solution's field is canonical_solution: a row that names it 'reference' fails, naming the row
+    and the field, whether it is loaded from a file, given as reward batch items, or is a ClassEval row."""
+    row = {k: v for k, v in ROW.items() if k != "canonical_solution"} | {"reference": ROW["prompt"] + "    return 0\n"}
+    path = tmp_path / "coop.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + json.dumps(row) + "\n")
+    for name in ("coophumaneval", "codetest"):
+        with pytest.raises(
+            DatasetError, match=r"coop\.jsonl: row 2: code row 'toy/0' has a 'reference'.*`canonical_solution`"
+        ):
+            envs.make(name).load_dataset(str(path))
+    with pytest.raises(DatasetError, match=r"code row 'toy/0' .*'reference'.*`canonical_solution`"):
+        task_from_row(row)
+    mbpp = {"task_id": 7, "text": "Return one.", "test_list": ["assert one() == 1"], "reference": "def one(): return 1"}
+    with pytest.raises(DatasetError, match=r"code row 7 .*`canonical_solution`"):
+        task_from_row(mbpp)
+    with pytest.raises(
+        DatasetError,
+        match=r"classeval rows: row 1: classeval row 1 has a 'reference' .*`canonical_solution` \(the whole class",
+    ):
+        envs.make("classeval").load_dataset(
+            [{"skeleton": "class A:\n    def f(self):\n        pass", "test": "", "reference": "x"}]
+        )
+    # a row with both keeps working: canonical_solution is read, 'reference' is just another column
+    assert task_from_row(dict(ROW, reference="unused")).canonical_solution.endswith("return x - math.floor(x)\n")
+
+
+def test_normalised_rows_carry_the_whole_canonical_program():
+    env = envs.make("coophumaneval")
+    ds = env.load_dataset([ROW])
+    program = ds[0]["canonical_solution"]
+    assert program == ROW["prompt"] + ROW["canonical_solution"] and "reference" not in ds.column_names
+    assert env.load_dataset(ds)[0]["canonical_solution"] == program  # loading normalised rows again changes nothing
+    assert task_from_row(ds[0]).canonical_solution == task_from_row(ROW).canonical_solution == program
 
 
 def test_code_loader_errors(tmp_path):

@@ -337,7 +337,7 @@ def test_self_comparisons_never_pay():
         "length": f"assert len(reverse_words({x})) == 14",
         "honest": 'assert reverse_words("a b c") == "c b a"',
     }
-    codes = [row["reference"]] * len(answers)
+    codes = [row["canonical_solution"]] * len(answers)
     scores = dict(zip(answers, env.reward_func.score(codes, list(answers.values()), batch_items=[row])))
     assert scores["none"]["reward"] == 3.0
     for name in ("indexed", "split", "sliced", "contradiction"):
@@ -361,7 +361,7 @@ def test_canonical_solution_and_hidden_asserts_reach_the_maximum(benchmark):
     env = envs.make("codetest", benchmark=benchmark)
     rows = [dict(r) for r in env.load_dataset(limit=5)]
     tests = ["\n".join(hidden_asserts(task_from_row(r))) for r in rows]
-    scores = env.reward_func.score([r["reference"] for r in rows], tests, batch_items=rows)
+    scores = env.reward_func.score([r["canonical_solution"] for r in rows], tests, batch_items=rows)
     assert [s["reward"] for s in scores] == [7.0] * 5
     assert sum(s["metric/n_mutants"] for s in scores) >= 8  # most of these problems have mutants
     garbage = env.reward_func.score(["x"] * 5, ["y"] * 5, batch_items=rows)
@@ -386,8 +386,8 @@ def test_loaders_and_prompts(tmp_path):
     he = envs.make("codetest", benchmark="humaneval").load_dataset()
     assert (
         len(he) == 164
-        and he[0]["reference"].startswith(he[0]["prompt"])
-        and len(he[0]["reference"]) > len(he[0]["prompt"])
+        and he[0]["canonical_solution"].startswith(he[0]["prompt"])
+        and len(he[0]["canonical_solution"]) > len(he[0]["prompt"])
     )
     with pytest.raises(DatasetError, match="one split, 'test'"):
         envs.make("codetest", benchmark="humaneval").load_dataset(split="train")
@@ -443,4 +443,4 @@ def test_baselines_run():
         return [GOOD + "\n" + T_A if "then assert" in p else (GOOD if agent == 0 else T_A) for p in prompts]
 
     for mode in ("single", "parallel", "sequential"):
-        assert run_baseline(env, mode, generate, rows)["reward/mean"] == 7.0
+        assert run_baseline(env, mode, generate=generate, rows=rows)["reward/mean"] == 7.0

@@ -103,7 +103,7 @@ def test_mbpp_604_tautology_earns_nothing(env):
             'assert isinstance(reverse_words("q r"), object)',
         ]
     )
-    taut, best = _score(env, [(row["reference"], tautologies), (row["reference"], oracle)], row)
+    taut, best = _score(env, [(row["canonical_solution"], tautologies), (row["canonical_solution"], oracle)], row)
     assert taut["reward"] == 3.0 and taut["level/mutants_killed"] == 0.0 and taut["level/agreement"] == 0.0
     assert best["reward"] == 7.0
 
@@ -136,5 +136,5 @@ def test_padding_never_pays(env):
 def test_oracle_still_reaches_the_maximum_on_real_problems(env):
     rows = [dict(r) for r in env.load_dataset(split="train", limit=12)]
     tests = ["\n".join(hidden_asserts(task_from_row(r))) for r in rows]
-    scores = env.reward_func.score([r["reference"] for r in rows], tests, batch_items=rows)
+    scores = env.reward_func.score([r["canonical_solution"] for r in rows], tests, batch_items=rows)
     assert [s["reward"] for s in scores] == [7.0] * len(rows)

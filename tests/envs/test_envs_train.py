@@ -69,5 +69,7 @@ def test_tiny_team_trains_on_environment(name, shared_data, tmp_path):
     if multi:
         assert "reward/turn_2/mean" in m
         # the second turn's prompts carry the first answer and the feedback
-        ep = trainer.rollout([data[0]], [0], trainer.generation_settings(), 2, env.reward_func)
+        ep = trainer.rollout(
+            [data[0]], [0], settings=trainer.generation_settings(), num_generations=2, reward_func=env.reward_func
+        )
         assert ep.turns[1].nodes[0].prompts[0] != ep.turns[0].nodes[0].prompts[0]

@@ -33,11 +33,15 @@ SHARED_FILES = {  # packaged file -> the file of ../shared/data it is a gzip of
 EXPECTED = {
     "tldr": ("train", 100, {"prompt", "completion"}),
     "arxiv": ("train", 200, {"abstract", "article_id"}),
-    "mbpp": ("test", 500, {"task_id", "prompt", "entry_point", "test", "test_list", "test_setup_code", "reference"}),
+    "mbpp": (
+        "test",
+        500,
+        {"task_id", "prompt", "entry_point", "test", "test_list", "test_setup_code", "canonical_solution"},
+    ),
     "classeval": (
         "test",
         100,
-        {"task_id", "skeleton", "class_name", "imports", "constructor", "methods", "test", "reference"},
+        {"task_id", "skeleton", "class_name", "imports", "constructor", "methods", "test", "canonical_solution"},
     ),
 }
 
@@ -71,10 +75,10 @@ def test_packaged_rows_load_through_the_env(name, no_hub, caplog):
         assert all(r["abstract"] for r in ds) and ds["article_id"][:2] == ["0704.0001", "0704.0002"]
     elif name == "mbpp":
         task = code_task(row)
-        assert task.task_id == "11" and task.entry_point and task.tests and task.reference
+        assert task.task_id == "11" and task.entry_point and task.tests and task.canonical_solution
     else:
         task = class_task(row)
-        assert task.task_id == "ClassEval_0" and task.methods and "unittest" in task.test and task.reference
+        assert task.task_id == "ClassEval_0" and task.methods and "unittest" in task.test and task.canonical_solution
 
 
 def test_mbpp_packaged_splits_are_the_papers(no_hub):

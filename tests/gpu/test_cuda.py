@@ -120,7 +120,15 @@ def test_logprobs_bf16_close_to_fp32_but_not_equal(bf16_device, dtype):
     model, tok = tiny_model(seed=3).to(device).eval(), tiny_tokenizer()
     # the rollout's log-probs are renormalized over its top-50: the fp32 forward's under the same top-50 compare
     settings = GenerationSettings(max_new_tokens=12, temperature=1.0, top_k=50, fast=True, logprobs=True)
-    s = generate(model, tok, ["ab", "hello there"], 3, settings, autocast_dtype=dtype, row_seeds=list(range(6)))
+    s = generate(
+        model,
+        tok,
+        ["ab", "hello there"],
+        num_generations=3,
+        settings=settings,
+        autocast_dtype=dtype,
+        row_seeds=list(range(6)),
+    )
     tensors = on(device, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
     with torch.no_grad():
         ref, ref_top50 = completion_logprobs(model, *tensors, sampler=SamplerSettings(top_k=50))
@@ -193,7 +201,7 @@ def test_row_seeded_sampling_reproducible_and_matches_generate(device):
     seeds = [11, 12, 13, 14, 15]
 
     def fast(seeds):
-        sampler = RowSeededSampler(seeds, 0.9, 0, 0.95, device)
+        sampler = RowSeededSampler(seeds, temperature=0.9, top_k=0, top_p=0.95, device=device)
         return fast_generate(
             model,
             ids,
@@ -204,7 +212,7 @@ def test_row_seeded_sampling_reproducible_and_matches_generate(device):
             sample_fn=lambda logits: sampler(None, logits).argmax(-1),
         ).cpu()
 
-    processors = LogitsProcessorList([RowSeededSampler(seeds, 0.9, 0, 0.95, device)])
+    processors = LogitsProcessorList([RowSeededSampler(seeds, temperature=0.9, top_k=0, top_p=0.95, device=device)])
     ref = model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -327,10 +335,10 @@ def test_fsdp_offload_one_gpu_world_of_one_clips_gradients(tmp_path, device):
             model = tiny_model(seed=3).to(device)
             if sharded:
                 mesh = sharding.agent_mesh((0,), plan, "cuda", 1)
-                sharding.shard_model(model, mesh, plan, bf16=False)
+                sharding.shard_model(model, mesh, plan=plan, bf16=False)
                 assert all(p.device.type == "cpu" for p in model.parameters())  # offloaded
             params = [p for p in model.parameters() if p.requires_grad]
-            opt, _ = build_optimizer(params, args, 1e-2, 1)
+            opt, _ = build_optimizer(params, args, lr=1e-2, total_updates=1)
             model(ids).logits.float().pow(2).mean().backward()
             norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             norm = float(norm.full_tensor() if sharding.is_shard(norm) else norm)  # as trainers/update.py does

@@ -93,11 +93,11 @@ def test_row_seeded_samples_do_not_depend_on_the_batch():
     settings = GenerationSettings(max_new_tokens=8, temperature=0.9, top_k=50, logprobs=True)
     g = 2
     seeds = [derive_seed(7, k) for k in range(len(prompts) * g)]
-    full = generate(model, tok, prompts, g, settings, row_seeds=seeds)
+    full = generate(model, tok, prompts, num_generations=g, settings=settings, row_seeds=seeds)
     torch.manual_seed(123)  # the global RNG plays no part
     parts = [
-        generate(model, tok, prompts[:1], g, settings, row_seeds=seeds[:2]),
-        generate(model, tok, prompts[1:], g, settings, row_seeds=seeds[2:]),
+        generate(model, tok, prompts[:1], num_generations=g, settings=settings, row_seeds=seeds[:2]),
+        generate(model, tok, prompts[1:], num_generations=g, settings=settings, row_seeds=seeds[2:]),
     ]
     joined = concat_samples(parts, tok.pad_token_id)
     assert (
@@ -108,7 +108,7 @@ def test_row_seeded_samples_do_not_depend_on_the_batch():
         assert torch.equal(getattr(joined, name), getattr(full, name)), name
     assert joined.texts == full.texts
     torch.testing.assert_close(joined.rollout_logprobs, full.rollout_logprobs, atol=1e-5, rtol=0)  # re-padded too
-    other = generate(model, tok, prompts, g, settings, row_seeds=[s + 1 for s in seeds])
+    other = generate(model, tok, prompts, num_generations=g, settings=settings, row_seeds=[s + 1 for s in seeds])
     assert other.texts != full.texts
 
 

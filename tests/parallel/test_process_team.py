@@ -80,7 +80,9 @@ def test_the_local_team_holds_everything_and_its_collectives_are_identities():
     batches, weights = [("samples", torch.tensor([1.0, -1.0]))], [torch.tensor([0.5, 0.5])]
     assert team.local_rows(batches, weights, 2) == (batches, weights)
     assert team.reduce_gradients(agent, {"loss": 2.0}) == {"loss": 2.0}
-    assert team.sum_gradients(agent.params, {"loss": 2.0}, None, None, "agent 1") == {"loss": 2.0}
+    assert team.sum_gradients(agent.params, {"loss": 2.0}, group=None, object_group=None, what="agent 1") == {
+        "loss": 2.0
+    }
     assert team.sum_metrics({"loss": 2.0}, None, "agent 1") == {"loss": 2.0}
     torch.testing.assert_close(agent.params[0].grad, torch.tensor([3.0, 4.0]))  # not scaled, not summed
     team.shard_agents([agent], bf16=True)
@@ -101,12 +103,14 @@ def test_the_local_team_holds_everything_and_its_collectives_are_identities():
 def test_generate_team_calls_the_loops_own_generation_with_every_row():
     calls = []
 
-    def generate(agents, nodes, g, settings, autocast_dtype=None, *, seed=None, row_offset=0):
+    def generate(agents, nodes, g, *, settings, autocast_dtype=None, seed=None, row_offset=0):
         calls.append((agents, nodes, g, settings, autocast_dtype, seed, row_offset))
         return ["samples of agent 0"]
 
     team = LocalTeam(torch.device("cpu"), 1)
-    out = team.generate_team(["agent"], ["node 0", "node 1"], 2, "settings", None, seed=7, generate_team=generate)
+    out = team.generate_team(
+        ["agent"], ["node 0", "node 1"], 2, settings="settings", autocast_dtype=None, seed=7, generate_team=generate
+    )
     assert out == ["samples of agent 0"]
     assert calls == [(["agent"], ["node 0", "node 1"], 2, "settings", None, 7, 0)]
 

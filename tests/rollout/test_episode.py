@@ -14,7 +14,10 @@ G = 3
 
 def team():
     """Two agents with different weights, so that their answers differ."""
-    return [Agent(i, tiny_model(seed=i), tiny_tokenizer(), lambda r: r["prompt"]) for i in range(2)]
+    return [
+        Agent(index=i, model=tiny_model(seed=i), tokenizer=tiny_tokenizer(), formatter=lambda r: r["prompt"])
+        for i in range(2)
+    ]
 
 
 def score(text):

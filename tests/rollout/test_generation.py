@@ -33,7 +33,9 @@ PROMPTS = ["ab", "hello there, how are you", "x"]
 def prompt_batch(model, tok, g: int = 2, row_seeds: list[int] | None = None) -> PromptBatch:
     rows = [format_prompt(tok, p, chat=False) for p in PROMPTS for _ in range(g)]
     ids, mask = left_pad(rows, tok.pad_token_id)
-    return PromptBatch(ids, mask, eos_ids(model, tok), tok.pad_token_id, row_seeds)
+    return PromptBatch(
+        prompt_ids=ids, prompt_mask=mask, stop_ids=eos_ids(model, tok), pad_id=tok.pad_token_id, row_seeds=row_seeds
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -47,7 +49,13 @@ def test_both_engines_give_identical_greedy_completions(seed):
     assert isinstance(ours, Completions) and ours.ids.shape[0] == batch.rows
     assert torch.equal(ours.ids, theirs.ids)
     on = {
-        name: generate(model, tok, PROMPTS, 2, GenerationSettings(12, False, engine=name))
+        name: generate(
+            model,
+            tok,
+            PROMPTS,
+            num_generations=2,
+            settings=GenerationSettings(max_new_tokens=12, do_sample=False, engine=name),
+        )
         for name in ("comlrl", "transformers")  # vLLM's: test_vllm.py (its CPU attention needs head size >= 32)
     }
     a, b = on["comlrl"], on["transformers"]
@@ -76,7 +84,7 @@ def test_each_engine_samples_what_its_decode_path_samples_from_the_same_row_seed
         max_new_tokens=10,
         eos_token_ids=batch.stop_ids,
         pad_token_id=batch.pad_id,
-        sample_fn=RowSeededSampler(seeds, 0.8, 40).sample,
+        sample_fn=RowSeededSampler(seeds, temperature=0.8, top_k=40).sample,
     )
     assert torch.equal(ours.ids, direct)
     out = model.generate(
@@ -86,11 +94,17 @@ def test_each_engine_samples_what_its_decode_path_samples_from_the_same_row_seed
         do_sample=False,
         pad_token_id=batch.pad_id,
         eos_token_id=batch.stop_ids,
-        logits_processor=LogitsProcessorList([RowSeededSampler(seeds, 0.8, 40)]),
+        logits_processor=LogitsProcessorList([RowSeededSampler(seeds, temperature=0.8, top_k=40)]),
     )
     assert torch.equal(theirs.ids, out[:, batch.prompt_ids.shape[1] :])
     for engine, got in ((DECODE_LOOP, ours), (TRANSFORMERS, theirs)):  # the last two rows alone: the same draws
-        tail = PromptBatch(batch.prompt_ids[4:], batch.prompt_mask[4:], batch.stop_ids, batch.pad_id, seeds[4:])
+        tail = PromptBatch(
+            prompt_ids=batch.prompt_ids[4:],
+            prompt_mask=batch.prompt_mask[4:],
+            stop_ids=batch.stop_ids,
+            pad_id=batch.pad_id,
+            row_seeds=seeds[4:],
+        )
         alone = engine.sample(model, tail, settings).ids
         assert torch.equal(alone, got.ids[4:, : alone.shape[1]])
     other = DECODE_LOOP.sample(model, prompt_batch(model, tok, row_seeds=[s + 1 for s in seeds]), settings)
@@ -135,8 +149,9 @@ def test_a_registered_engine_serves_rollouts_without_the_loop_knowing(monkeypatc
         register_engine(Recording())
     model, tok = tiny_model(seed=2).eval(), tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=6, temperature=0.9, engine="recording")
-    got = generate(model, tok, PROMPTS, 2, settings, row_seeds=list(range(6)))
-    ref = generate(model, tok, PROMPTS, 2, GenerationSettings(6, temperature=0.9, fast=False), row_seeds=list(range(6)))
+    got = generate(model, tok, PROMPTS, num_generations=2, settings=settings, row_seeds=list(range(6)))
+    reference = GenerationSettings(max_new_tokens=6, temperature=0.9, fast=False)
+    ref = generate(model, tok, PROMPTS, num_generations=2, settings=reference, row_seeds=list(range(6)))
     assert seen == [(6, list(range(6)), eos_ids(model, tok), 6)]
     assert torch.equal(got.completion_ids, ref.completion_ids) and got.texts == ref.texts
     assert "recording" in generation.engine_names()
@@ -149,7 +164,9 @@ def test_an_engines_truncation_flags_override_the_stop_id_rule():
     model, tok = tiny_model(), tiny_tokenizer()
     batch = prompt_batch(model, tok, g=1)
     ids = torch.tensor([[5, 2, 0], [6, 7, 8], [9, 9, 2]])
-    request = GenerationRequest(model, tok, PROMPTS, 1, GenerationSettings())
+    request = GenerationRequest(
+        model=model, tokenizer=tok, prompts=PROMPTS, num_generations=1, settings=GenerationSettings()
+    )
     derived = _finish(request, batch, Completions(ids))
     assert derived.truncated.tolist() == [False, True, False]
     assert derived.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 1]]

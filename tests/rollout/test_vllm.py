@@ -72,7 +72,7 @@ def team():
 def batch(prompts=PROMPTS, **kw) -> PromptBatch:
     tok = tiny_tokenizer()
     ids, mask = left_pad([tok(p)["input_ids"] for p in prompts], tok.pad_token_id)
-    return PromptBatch(ids, mask, [tok.eos_token_id], tok.pad_token_id, **kw)
+    return PromptBatch(prompt_ids=ids, prompt_mask=mask, stop_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, **kw)
 
 
 GREEDY = GenerationSettings(max_new_tokens=12, do_sample=False, engine="vllm")
@@ -102,7 +102,7 @@ def test_a_row_whose_last_allowed_token_is_a_stop_id_is_not_truncated(model, mon
     the other engines, so mask_truncated_completions treats the row alike on every engine."""
     tok = tiny_tokenizer()
     loop = dataclasses.replace(GREEDY, engine="comlrl")
-    first = generate(model, tok, ["hello world"], 1, loop)
+    first = generate(model, tok, ["hello world"], num_generations=1, settings=loop)
     row = first.completion_ids[0, : int(first.completion_mask[0].sum())].tolist()
     last = next(p for p in range(2, len(row)) if row[p] not in row[:p])  # a token the row first draws at p
     monkeypatch.setattr(model.generation_config, "eos_token_id", row[last])  # a stop id (eos_ids reads it)
@@ -121,7 +121,8 @@ def test_a_row_whose_last_allowed_token_is_a_stop_id_is_not_truncated(model, mon
         return outputs
 
     monkeypatch.setattr(llm, "generate", length_first)
-    ours, theirs = generate(model, tok, ["hello world"], 1, loop), generate(model, tok, ["hello world"], 1, vllm)
+    ours = generate(model, tok, ["hello world"], num_generations=1, settings=loop)
+    theirs = generate(model, tok, ["hello world"], num_generations=1, settings=vllm)
     assert reported == ["length"] and theirs.completion_ids[0, -1] == row[last]
     assert torch.equal(theirs.completion_ids, ours.completion_ids)
     assert theirs.truncated.tolist() == ours.truncated.tolist() == [False]
@@ -240,7 +241,12 @@ def test_importance_weights_are_one_where_vllm_and_the_decode_loop_agree(model, 
     (rollout_kl 0) with vLLM and with the decode loop alike. Against the trainer's full softmax each token would weigh
     its nucleus mass instead."""
     settings = sampled(logprobs=True, **filters)
-    sampler = SamplerSettings(settings.temperature, settings.top_k, settings.top_p, settings.repetition_penalty)
+    sampler = SamplerSettings(
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        repetition_penalty=settings.repetition_penalty,
+    )
     for engine in (VLLM_ENGINE, DECODE_LOOP):
         b = batch(row_seeds=[1, 2, 3, 4])
         out = engine.sample(model, b, settings)
@@ -257,7 +263,7 @@ def test_importance_weights_are_one_where_vllm_and_the_decode_loop_agree(model, 
         assert (weight - 1).abs().max() < 1e-3, (engine.name, weight)
         assert (full - out.logprobs).exp()[real].mean() < 0.9, engine.name  # the nucleus mass
         tokens = mask / mask.sum()
-        _, m = policy_loss(full, full, torch.ones(4), tokens, rollout_logp=out.logprobs, sampler_logp=train)
+        _, m = policy_loss(full, full, torch.ones(4), weights=tokens, rollout_logp=out.logprobs, sampler_logp=train)
         filtered = m["rollout_is_filtered"].item()
         assert m["rollout_is_weight"].item() == pytest.approx(1.0 - filtered, abs=1e-4)
         assert abs(m["rollout_kl"].item()) < 1e-4
@@ -268,7 +274,9 @@ def test_importance_weight_is_truncated_at_the_vllm_cap():
     logp = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
     rollout = torch.log(torch.tensor([[0.25, 0.05, 0.9]]))  # ratios 2, 4 (capped to 3), 1
     weights = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding
-    loss, metrics = policy_loss(logp, logp.detach(), torch.tensor([2.0]), weights, rollout_logp=rollout, is_cap=3.0)
+    loss, metrics = policy_loss(
+        logp, logp.detach(), torch.tensor([2.0]), weights=weights, rollout_logp=rollout, is_cap=3.0
+    )
     assert loss.item() == pytest.approx(-2.0 * (2.0 + 3.0))  # -A * ratio(=1) * w_is, summed over real tokens
     assert metrics["rollout_is_weight"].item() == pytest.approx(5.0)
     assert metrics["rollout_is_capped"].item() == pytest.approx(1.0)
@@ -495,7 +503,7 @@ def test_greedy_tokens_equal_the_decode_loops_on_the_embedded_model():
         pytest.skip(f"embedded SmolLM2 unavailable: {exc}")
     texts = ["Summarize: my cat opened the fridge.", "Name three colours.", "What is 2 + 3?", "Say hello."]
     ids, mask = left_pad([format_prompt(tok, t, chat=True) for t in texts], tok.pad_token_id)
-    b = PromptBatch(ids, mask, eos_ids(model, tok), tok.pad_token_id)
+    b = PromptBatch(prompt_ids=ids, prompt_mask=mask, stop_ids=eos_ids(model, tok), pad_id=tok.pad_token_id)
     settings = dataclasses.replace(GREEDY, max_new_tokens=24, vllm=VLLMOptions(max_model_length=256))
     ours, theirs = DECODE_LOOP.sample(model, b, settings).ids, VLLM_ENGINE.sample(model, b, settings).ids
     width = max(ours.shape[1], theirs.shape[1])

@@ -34,7 +34,7 @@ from comlrl.sandbox import (
 )
 
 DATA = Path(__file__).parents[2].parent / "shared" / "data"
-# Reference solutions can be slow on a loaded 2-core machine (MBPP 123 and ClassEval_35
+# Canonical solutions can be slow on a loaded 2-core machine (MBPP 123 and ClassEval_35
 # take ~8 s); plain python has no per-test limit, so parity runs get generous ones.
 GENEROUS = SandboxLimits(timeout=90.0, per_test_timeout=60.0, cpu_seconds=90)
 # HumanEval checks are fast; two return-free variants (HumanEval/10, /39) loop forever.

@@ -504,7 +504,7 @@ def test_code_rewards_resist_the_hacks(env_name, humaneval_problems, shared_data
     from comlrl.envs.coding.tasks import task_from_row
 
     tasks = [task_from_row(r) for r in rows]
-    honest = env.reward_func.score([t.reference for t in tasks], batch_items=rows)
+    honest = env.reward_func.score([t.canonical_solution for t in tasks], batch_items=rows)
     assert [s["level/tests"] for s in honest] == [1.0] * len(rows) and all(s["metric/suspect"] == 0 for s in honest)
     hacks = ["always_equal", "int_subclass", "caller_frames", "system_exit", "os_exit", "read_the_dataset"]
     completions = [_reward_programs(t.entry_point, h) for t in tasks for h in hacks]
@@ -534,7 +534,7 @@ def test_classeval_reward_resists_the_hacks(shared_data):
     env = envs.make("classeval", num_agents=1)
     rows = [dict(r) for r in env.load_dataset(str(shared_data / "classeval.json"), limit=12)]
     rows = [r for r in rows if r["task_id"] in ("ClassEval_4", "ClassEval_8", "ClassEval_11")]
-    honest = env.reward_func.score([r["reference"] for r in rows], batch_items=rows)
+    honest = env.reward_func.score([r["canonical_solution"] for r in rows], batch_items=rows)
     assert [s["level/tests"] for s in honest] == [1.0] * len(rows)
     answers, batch, names = [], [], []
     for row in rows:
@@ -578,7 +578,7 @@ def test_dataset_samples_keep_their_verdicts(shared_data):
 def test_static_test_count_is_safe_on_many_threads():
     """run_many counts tests on worker threads. On CPython < 3.11.8 two threads building ASTs at once (a garbage
     collection inside one lets the other run) raised "AST constructor recursion depth mismatch"; CI hit it on the
-    ClassEval references. Collections here are frequent and yield the GIL, which made it fail every run."""
+    ClassEval canonical solutions. Collections here are frequent and yield the GIL, which made it fail every run."""
     import gc
     import time
     from concurrent.futures import ThreadPoolExecutor

@@ -1,7 +1,8 @@
-"""IAC and MAAC on the embedded SmolLM2 team raise the same dense team reward as MAGRPO (slow, in CI).
+"""IAC and MAAC on the embedded SmolLM2 team raise the dense team reward that test_slow_learning.py raises with
+MAGRPO (slow, in CI).
 
-Same task as test_slow_learning.py (team brevity on real Reddit posts: 1 - total words / 48), with LoRA actors on
-one shared base (bf16 where the CPU computes it natively, else fp32) so that three trainers fit the CI budget. Each trainer is scored greedily on 8 held-out posts
+Same task (team brevity on real Reddit posts: 1 - total words / 48), with LoRA actors on one shared base (bf16 where
+the CPU computes it natively) so that both trainers fit the CI budget. Each is scored greedily on 8 held-out posts
 before and after training, and on its training reward (first vs last 4 steps). The numbers are printed.
 """
 
@@ -11,7 +12,7 @@ import pytest
 from brevity_task import FORMATTERS, NEEDS_NATIVE_BF16, posts, team_brevity
 from peft import LoraConfig
 
-from comlrl.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
+from comlrl.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 
 pytestmark = [pytest.mark.slow, NEEDS_NATIVE_BF16]
 STEPS = 12
@@ -54,9 +55,8 @@ def run(trainer_cls, cfg_cls, shared_data, tmp_path, **extra) -> dict:
     }
 
 
-def test_actor_critic_raises_team_reward_like_magrpo(shared_data, tmp_path):
+def test_actor_critic_raises_team_reward(shared_data, tmp_path):
     results = {
-        "MAGRPO": run(MAGRPOTrainer, MAGRPOConfig, shared_data, tmp_path),
         # critic lr 1e-3 as for MAAC: a value head on raw final hidden states at 1e-2 swung between runs (value loss
         # 0.09-3.0; one run's training reward did not rise), at 1e-3 it learned steadily
         "IAC": run(IACTrainer, IACConfig, shared_data, tmp_path, critic_learning_rate=1e-3, use_separate_critic=False),

@@ -98,7 +98,7 @@ def test_critic_learns_fixed_reward_per_prompt(cls, cfg_cls):
     blocks = [sum(losses[i : i + 10]) / 10 for i in range(0, 40, 10)]
     assert all(b2 < b1 for b1, b2 in zip(blocks, blocks[1:])), blocks
 
-    ep = t.rollout(ROWS, [0, 1, 2, 3], t.generation_settings(), 2, t.reward_func)
+    ep = t.rollout(ROWS, [0, 1, 2, 3], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
     values, _ = t._values(ep)[0]
     torch.testing.assert_close(values[0], torch.tensor([r["target"] for r in ROWS]), atol=0.25, rtol=0)
     assert len(t.critics) == (1 if cls is MAACTrainer else 2)
@@ -125,7 +125,7 @@ def test_maac_q_critic_and_multi_turn():
     )
     out = t.train()
     assert "critic/0/value_loss" in out["metrics"]
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
     adv = t.compute_advantages(ep, {})
     assert [x.shape[0] for x in adv[0]] == [4, 8]  # turn 1: 2 nodes x G; turn 2: 4 nodes x G
 

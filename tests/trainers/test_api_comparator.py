@@ -190,11 +190,11 @@ def test_headers_carry_the_key_as_each_format_expects():
 
 def test_client_asks_again_for_the_answers_a_request_did_not_give(server):
     httpd, url = server
-    client = APIClient(url + "/v1/chat/completions", "openai", "m", max_n_per_request=2)
+    client = APIClient(url=url + "/v1/chat/completions", fmt="openai", model="m", max_n_per_request=2)
     answers = client.complete("A: hello", 5, SAMPLING)
     assert [a.text for a in answers] == [api_text("A: hello", k) for k in (0, 1, 0, 1, 0)]
     assert [r["body"]["n"] for r in httpd.requests] == [2, 2, 1]
-    one = APIClient(url + "/v1/messages", "anthropic", "claude", key="k")
+    one = APIClient(url=url + "/v1/messages", fmt="anthropic", model="claude", key="k")
     assert len(one.complete("B: x", 3, SAMPLING)) == 3 and len(httpd.requests) == 6  # no n: one request per answer
 
 
@@ -259,7 +259,7 @@ def test_api_errors_name_the_url_status_and_row_never_the_key(tmp_path, server, 
     assert KEY not in str(e.value) and "token=abc" not in str(e.value) and "overloaded" in str(e.value)
     with pytest.raises(APIError, match="malformed response: missing or empty 'choices'"):
         api_trainer(tmp_path, url + "/missing", overwrite_output_dir=True).train()
-    slow = APIClient(url + "/slow", "openai", timeout=0.3)
+    slow = APIClient(url=url + "/slow", fmt="openai", timeout=0.3)
     with pytest.raises(APIError, match="no answer within comparator_api_timeout=0.3"):
         slow.complete("A: x", 1, SAMPLING, "round 2, row 5, agent 1")
     monkeypatch.delenv(KEY_ENV)

@@ -134,7 +134,7 @@ def test_evaluate_reports_the_rate_and_shows_role_outputs(trained):
 
 def test_parse_failure_rate_counts_the_episode_texts(trained):
     t = trained[0]
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
     ep.turns[0].samples[0].texts[:3] = [join_roles(["x", "y"])] * 3
     assert t.episode_metrics(ep)["centralized/parse_failure_rate"] == 0.25
 
@@ -216,7 +216,7 @@ class TaggedGenerator:
 def test_centralized_baseline(answer, outputs, rate):
     env = toy_env.ToyEnv(2)
     gen = TaggedGenerator(answer)
-    out = run_baseline(env, "centralized", gen, ROWS[:2])
+    out = run_baseline(env, "centralized", generate=gen, rows=ROWS[:2])
     [(agent, prompts)] = gen.calls
     assert agent == 0 and prompts == [centralized_prompt([f(r) for f in env.formatters()]) for r in ROWS[:2]]
     expected = env.evaluate([[outputs[0]] * 2, [outputs[1]] * 2], ROWS[:2])

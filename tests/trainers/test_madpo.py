@@ -109,7 +109,7 @@ def test_each_agent_gradient_equals_the_joint_autograd_gradient(tmp_path, monkey
         for p, g in zip(a.params, grads[a.index]):
             torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
     # the per-agent form's value: each agent's copy of the team loss, summed; its metric is the team loss itself
-    loss, m = team_dpo_loss(logps[:, :b].detach(), logps[:, b:].detach(), ref_c, ref_r, 0.5)
+    loss, m = team_dpo_loss(logps[:, :b].detach(), logps[:, b:].detach(), ref_c, ref_r, beta=0.5)
     team = (-torch.nn.functional.logsigmoid(0.5 * h.detach())).mean()
     torch.testing.assert_close(m["loss"], team)
     torch.testing.assert_close(loss, len(t.agents) * team)

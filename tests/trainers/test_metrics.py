@@ -116,7 +116,9 @@ def test_entropy_metric_is_the_mean_token_entropy_of_the_tempered_policy():
             bf16=False,
         ),
     )
-    episode = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func, seed=3)
+    episode = t.rollout(
+        ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func, seed=3
+    )
     adv = t.compute_advantages(episode, {})
     samples, model = episode.turns[0].samples[0], t.agents[0].model
     with torch.no_grad():

@@ -52,13 +52,15 @@ def make(rows=ROWS, reward=length_reward, **kw):
 def test_temperature_loss_gradient_is_reinforce_of_the_tempered_policy():
     """With temperature 0.5 the loss's gradient is -sum_t w_t A grad log softmax(logits / 0.5)[token], by hand."""
     t = make(temperature=0.5, max_new_tokens=5)
-    episode = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, length_reward, seed=3)
+    episode = t.rollout(
+        ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=length_reward, seed=3
+    )
     adv = t.compute_advantages(episode, {})
     agent = t.agents[0]
     samples, a0 = episode.turns[0].samples[0], adv[0][0]
     assert a0.abs().sum() > 0
     weights = t.update.token_weights([(episode, adv)], [samples])
-    t.update._accumulate_agent(agent, [(samples, a0)], weights, FrozenLogprobs(), 0)
+    t.update._accumulate_agent(agent, [(samples, a0)], weights, frozen=FrozenLogprobs(), iteration=0)
     got = [p.grad.clone() for p in agent.params]
 
     model = agent.model
@@ -83,7 +85,7 @@ def test_temperature_rollout_logprobs_are_the_tempered_policy(fast):
     """The rollout records log-probs of softmax(logits / T): what completion_logprobs scores at T."""
     model, tok = tiny_model(seed=2), tiny_tokenizer()
     settings = GenerationSettings(max_new_tokens=6, temperature=0.5, fast=fast, logprobs=True)
-    s = generate(model, tok, ["Hello there", "Hi"], 2, settings, row_seeds=[1, 2, 3, 4])
+    s = generate(model, tok, ["Hello there", "Hi"], num_generations=2, settings=settings, row_seeds=[1, 2, 3, 4])
     with torch.no_grad():
         scored = completion_logprobs(
             model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask, temperature=0.5
@@ -126,7 +128,7 @@ def test_joint_mode_goes_through_one_table_and_unknown_values_raise():
     with pytest.raises(ValueError, match="crossed"):
         joint_indices(2, 2, "crossed")
     rewards = torch.tensor([[1.0, 0.0]])
-    episode = Episode([Turn([], [], rewards, torch.full((1, 2), -1))])
+    episode = Episode([Turn(nodes=[], samples=[], rewards=rewards, children=torch.full((1, 2), -1))])
     with pytest.raises(ValueError, match="bogus"):
         episode_advantages(episode, 2, 2, joint_mode="bogus")
     aligned = episode_advantages(episode, 2, 2, joint_mode="aligned")
@@ -204,7 +206,14 @@ def test_trl_loss_types_give_their_hand_computed_losses_on_one_step():
         t = make(loss_type=loss_type, advantage_mode="none", mask_truncated_completions=False, max_new_tokens=6)
         buffer = []
         for r in range(2):
-            ep = t.rollout(ROWS[2 * r : 2 * r + 2], [2 * r, 2 * r + 1], t.generation_settings(), 2, ord_reward, seed=r)
+            ep = t.rollout(
+                ROWS[2 * r : 2 * r + 2],
+                [2 * r, 2 * r + 1],
+                settings=t.generation_settings(),
+                num_generations=2,
+                reward_func=ord_reward,
+                seed=r,
+            )
             for s in ep.turns[0].samples:  # lengths 1..4 (2..5 in the second rollout) where the answers are longer
                 cut = torch.arange(s.completion_mask.shape[1])[None] < torch.arange(1 + r, 5 + r)[:, None]
                 s.completion_mask = s.completion_mask * cut
@@ -248,7 +257,9 @@ def test_turn_weighting_reaches_the_trainer_weights():
         external_transition=transition,
         args=cfg(num_turns=2, turn_weighting="turns"),
     )
-    episode = t.rollout(ROWS[:1], [0], t.generation_settings(), 2, length_reward, seed=1)
+    episode = t.rollout(
+        ROWS[:1], [0], settings=t.generation_settings(), num_generations=2, reward_func=length_reward, seed=1
+    )
     adv = t.compute_advantages(episode, {})
     w = t.update.token_weights([(episode, adv)], [turn.samples[0] for turn in episode.turns])
     assert [round(float(x.sum()), 6) for x in w] == [0.5, 0.5]
@@ -262,10 +273,10 @@ def test_scale_rewards_accepts_trl_booleans():
 def test_epsilon_high_clips_the_ratio_asymmetrically():
     logp = torch.tensor([[math.log(1.3)]], requires_grad=True)
     old, adv, w = torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1)
-    loss, m = policy_loss(logp, old, adv, w, epsilon=0.2)
+    loss, m = policy_loss(logp, old, adv, weights=w, epsilon=0.2)
     (grad,) = torch.autograd.grad(loss, logp)
     assert float(grad) == 0.0 and float(m["clip_frac"]) == 1.0  # 1.3 > 1 + 0.2: clipped
-    loss, m = policy_loss(logp, old, adv, w, epsilon=0.2, epsilon_high=0.4)
+    loss, m = policy_loss(logp, old, adv, weights=w, epsilon=0.2, epsilon_high=0.4)
     (grad,) = torch.autograd.grad(loss, logp)
     assert float(grad) == pytest.approx(-1.3) and float(m["clip_frac"]) == 0.0
     with pytest.raises(ConfigError, match="epsilon_high"):
@@ -274,7 +285,9 @@ def test_epsilon_high_clips_the_ratio_asymmetrically():
 
 def test_mask_truncated_completions_weighs_truncated_rows_zero():
     t = make(mask_truncated_completions=True, max_new_tokens=2)  # 2 tokens: most rows are truncated
-    episode = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, length_reward, seed=3)
+    episode = t.rollout(
+        ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=length_reward, seed=3
+    )
     samples = episode.turns[0].samples[0]
     assert samples.truncated.any()
     (w,) = t.update.token_weights([(episode, None)], [samples])

@@ -157,7 +157,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
         reward_func=length_reward,
         args=cfg(num_generations=4, max_new_tokens=12),
     )
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 4, length_reward)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=4, reward_func=length_reward)
     assert ep.turns[0].rewards.std() > 0
     agent = t.agents[0]
     samples = ep.turns[0].samples[0]
@@ -165,7 +165,7 @@ def test_four_variants_make_different_updates_from_the_same_rollout():
     grads = {}
     for mode in ("none", "mean", "loo", "max"):
         adv = episode_advantages(ep, 2, 4, mode=mode)
-        t.update._accumulate_agent(agent, [(samples, adv[0][0])], w, FrozenLogprobs(), 0)
+        t.update._accumulate_agent(agent, [(samples, adv[0][0])], w, frozen=FrozenLogprobs(), iteration=0)
         grads[mode] = torch.cat([p.grad.flatten() for p in agent.params])
         agent.optimizer.zero_grad()
     modes = list(grads)
@@ -227,7 +227,7 @@ def test_multi_turn_tree_transition_and_discounted_returns():
         external_transition=transition,
         args=cfg(per_device_train_batch_size=2, num_generations=3, num_turns=2, discount=0.5, max_steps=1),
     )
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 3, reward)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=3, reward_func=reward)
     assert len(ep.turns) == 2
     assert ep.turns[1].rewards.shape == (6, 3)  # every turn-1 joint action expanded: early termination is off
     assert ep.turns[1].nodes[0].prompts[0].startswith("Revise: ")
@@ -250,7 +250,7 @@ def test_early_termination_stops_branches_when_asked():
         external_transition=lambda agent_completions: list(agent_completions),
         args=cfg(num_turns=3, termination_threshold=0.5, max_steps=1),
     )
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
     assert len(ep.turns) == 1  # every branch reached the threshold
 
 
@@ -281,7 +281,7 @@ def test_cross_mode_multi_turn_expands_every_joint_action():
         external_transition=lambda agent_completions: [f"Revise: {c}" for c in agent_completions],
         args=cfg(per_device_train_batch_size=2, num_generations=2, joint_mode="cross", num_turns=2, max_steps=1),
     )
-    ep = t.rollout(ROWS[:2], [0, 1], t.generation_settings(), 2, t.reward_func)
+    ep = t.rollout(ROWS[:2], [0, 1], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
     first, second = ep.turns
     assert first.rewards.shape == (2, 4) and first.children.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert second.rewards.shape == (8, 4) and len(second.samples[0].texts) == 16

@@ -48,6 +48,7 @@ from ..core.packaged import PACKAGED
 from ..core.registry import register
 from .clean import clean_code, compiles, is_stub, normalize_text, split_chunks, strip_fences
 from .functions import run_sandboxed, sandbox_metrics
+from .tasks import check_solution_field
 
 SPLITS = ("params", "alternate", "round_robin", "contiguous")
 CLASS_LEVELS = ("level/parse", "level/methods_valid", "level/tests", "level/overlap")
@@ -56,7 +57,7 @@ _METHOD_DEF = re.compile(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Method:
     """A method to implement: name, signature line(s) (with decorators) and docstring text."""
 
@@ -66,7 +67,7 @@ class Method:
     params: int  # parameters besides self / cls
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClassTask:
     """One ClassEval problem, ready to merge and test a team's methods."""
 
@@ -77,7 +78,7 @@ class ClassTask:
     constructor: str  # the __init__ method source, dedented ('' when none)
     methods: tuple[Method, ...]
     test: str
-    reference: str
+    canonical_solution: str  # the whole class (ClassEval's ``solution_code``)
 
 
 def count_params(signature: str) -> int:
@@ -96,7 +97,7 @@ def _method_from_description(name: str, description: str) -> Method:
     match = _METHOD_DEF.search(description.lstrip())
     raw = match.group(0) if match else f"def {name}(self, *args, **kwargs):"
     signature = "\n".join(line.strip() for line in raw.split("\n"))  # decorators and def at column 0
-    return Method(name, signature, description, count_params(signature))
+    return Method(name=name, signature=signature, description=description, params=count_params(signature))
 
 
 def _methods_from_skeleton(skeleton: str) -> list[dict]:
@@ -121,6 +122,7 @@ def _constructor(row: dict) -> str:
 
 def normalize_classeval_row(row: dict, index: int) -> dict:
     """A ClassEval row (``skeleton``, ``test``, optional ``methods_info``, ``class_name``, ...) normalised."""
+    check_solution_field(row, "classeval", index)
     skeleton = str(row["skeleton"])
     class_name = str(row.get("class_name") or (re.search(r"^class\s+(\w+)", skeleton, re.M) or [None, ""])[1])
     if not class_name:
@@ -138,12 +140,13 @@ def normalize_classeval_row(row: dict, index: int) -> dict:
         "constructor": _constructor(row),
         "methods": [{"name": m.name, "signature": m.signature, "params": m.params} for m in methods],
         "test": str(row["test"]),
-        "reference": str(row.get("solution_code") or row.get("reference") or ""),
+        "canonical_solution": str(row.get("solution_code") or row.get("canonical_solution") or ""),
     }
 
 
 def task_from_row(row: dict) -> ClassTask:
     """The :class:`ClassTask` of a raw or normalised ClassEval row."""
+    check_solution_field(row, "classeval")
     try:
         norm = row if "constructor" in row and "methods" in row else normalize_classeval_row(row, 0)
     except KeyError as exc:
@@ -151,16 +154,19 @@ def task_from_row(row: dict) -> ClassTask:
             f"classeval row {row.get('task_id', '?')!r} is missing the field {exc} (needs skeleton and test); "
             "load rows with env.load_dataset()."
         ) from exc
-    methods = tuple(Method(m["name"], m["signature"], "", int(m["params"])) for m in norm["methods"])
+    methods = tuple(
+        Method(name=m["name"], signature=m["signature"], description="", params=int(m["params"]))
+        for m in norm["methods"]
+    )
     return ClassTask(
-        norm["task_id"],
-        norm["skeleton"],
-        norm["class_name"],
-        norm["imports"],
-        norm["constructor"],
-        methods,
-        norm["test"],
-        norm["reference"],
+        task_id=norm["task_id"],
+        skeleton=norm["skeleton"],
+        class_name=norm["class_name"],
+        imports=norm["imports"],
+        constructor=norm["constructor"],
+        methods=methods,
+        test=norm["test"],
+        canonical_solution=norm["canonical_solution"],
     )
 
 
@@ -247,7 +253,7 @@ def parse_answer(text: str) -> ParsedAnswer:
 # --- merging and scoring -------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ClassJudgement:
     """One joint answer: which methods are valid and shared, the merged program, the sandbox result."""
 
@@ -285,7 +291,7 @@ def _stub(method: Method) -> str:
 
 def merge_class(task: ClassTask, owners: list[list[str]], answers: list[ParsedAnswer]) -> ClassJudgement:
     """The team program: skeleton imports + agents' module code + the class with the chosen methods."""
-    j = ClassJudgement(task, owners, answers=answers)
+    j = ClassJudgement(task=task, owners=owners, answers=answers)
     owner_of = {name: i for i, names in enumerate(owners) for name in names}
     methods_src = []
     for method in task.methods:

@@ -42,7 +42,7 @@ _STATEMENT_START = re.compile(
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FunctionInfo:
     """One top-level function of a cleaned answer."""
 
@@ -54,7 +54,7 @@ class FunctionInfo:
     node: ast.FunctionDef | ast.AsyncFunctionDef | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CleanCode:
     """The definitions kept from one answer, in their original order."""
 
@@ -81,7 +81,15 @@ class CleanCode:
             else:
                 chunks.append(chunk)
         functions = {k: v for k, v in self.functions.items() if k not in names}
-        return CleanCode(chunks, functions, self.fenced, self.dropped, self.duplicates, self.wrapped_body, removed)
+        return CleanCode(
+            chunks=chunks,
+            functions=functions,
+            fenced=self.fenced,
+            dropped=self.dropped,
+            duplicates=self.duplicates,
+            wrapped_body=self.wrapped_body,
+            removed=removed,
+        )
 
 
 def normalize_text(text: str | None) -> str:
@@ -264,14 +272,21 @@ def _function_info(source: str, module: ast.Module | None) -> FunctionInfo | Non
     if module is not None:
         node = module.body[0]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return FunctionInfo(node.name, source, True, function_returns(node), is_stub(node), node)
+            return FunctionInfo(
+                name=node.name,
+                source=source,
+                parsed=True,
+                returns=function_returns(node),
+                stub=is_stub(node),
+                node=node,
+            )
         return None
     name = _chunk_def_name(source)
     if name is None:
         return None
     body = source.split("\n", 1)[1] if "\n" in source else ""
     returns = re.search(r"\b(return\s+\S|yield\b)", body) is not None
-    return FunctionInfo(name, source, False, returns, not body.strip())
+    return FunctionInfo(name=name, source=source, parsed=False, returns=returns, stub=not body.strip())
 
 
 def _rank(info: FunctionInfo) -> int:
@@ -349,7 +364,13 @@ def clean_code(text: str | None, *, signature: str | None = None) -> CleanCode:
         entries.append((source, module, _function_info(source, module)))
     entries, duplicates = _dedupe(entries)
     functions = {info.name: info for _, _, info in entries if info is not None}
-    return CleanCode([src for src, _, _ in entries], functions, fenced, dropped, duplicates)
+    return CleanCode(
+        chunks=[src for src, _, _ in entries],
+        functions=functions,
+        fenced=fenced,
+        dropped=dropped,
+        duplicates=duplicates,
+    )
 
 
 # --- what the entry point does with the helpers -----------------------------------------------------------

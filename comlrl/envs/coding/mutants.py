@@ -1,4 +1,4 @@
-"""Mutants of a reference solution: small AST edits that a good test suite should catch.
+"""Mutants of a canonical solution: small AST edits that a good test suite should catch.
 
 Four operators, each a pure function ``source -> list[Mutant]`` (one mutant per site; nothing is run):
 
@@ -13,16 +13,17 @@ Four operators, each a pure function ``source -> list[Mutant]`` (one mutant per 
 
 Only code inside function definitions is mutated (module-level constants, imports and docstrings are not).
 A mutant's source is ``ast.unparse`` of the edited tree; it always parses and always differs from the
-reference's ``ast.unparse``. :func:`make_mutants` interleaves the operators (the first site of each, then
+original's ``ast.unparse``. :func:`make_mutants` interleaves the operators (the first site of each, then
 the second of each, ...) so that a small cap still mixes the kinds, and removes duplicates.
 
-Whether a mutant can be told apart from the reference at all is decided by running the hidden tests
+Whether a mutant can be told apart from the canonical solution at all is decided by running the hidden tests
 (:mod:`comlrl.envs.coding.codetest` does, in the sandbox): one that passes all of them is *equivalent on the
 hidden tests* and is dropped.
 
 Where the edits find nothing (or only equivalent mutants), :func:`changed_result_program` gives a wrong version
-that always differs: the reference whose result is changed by :func:`changed_result` (a value of the same type that
-is never equal to the right one), so a test that cannot fail on a plausible wrong function still passes on it.
+that always differs: the canonical solution whose result is changed by :func:`changed_result` (a value of the same
+type that is never equal to the right one), so a test that cannot fail on a plausible wrong function still passes on
+it.
 """
 
 from __future__ import annotations
@@ -215,13 +216,13 @@ def _apply(source: str, operator: str) -> list[Mutant]:
     if tree is None:
         return []
     try:
-        reference = ast.unparse(tree)
+        original = ast.unparse(tree)
     except (ValueError, RecursionError):
         return []
     find = _EDITS[operator]
     sites = [(i, k) for i, node in enumerate(_function_nodes(tree)) for k in range(len(find(node)))]
     out: list[Mutant] = []
-    seen = {reference}
+    seen = {original}
     for i, k in sites:
         copy_tree = copy.deepcopy(tree)
         node = next(itertools.islice(_function_nodes(copy_tree), i, None))
@@ -272,7 +273,7 @@ def make_mutants(source: str, limit: int | None = None, operators: tuple[str, ..
     return out
 
 
-# --- the reference with its result changed ------------------------------------------------------------------
+# --- the canonical solution with its result changed ---------------------------------------------------------
 
 CHANGED_RESULT_VARIANTS = (0, 1)
 
@@ -282,7 +283,7 @@ def changed_result(value: Any, variant: int) -> Any:
     character or item, one more key), variant 1 everything (``- 1``, every character, item or value changed, one
     element fewer). Iterators are read and returned as an iterator of the changed items; ``None`` becomes ``0``
     (variant 0) or ``''`` (variant 1); any other object becomes ``None``."""
-    # Self-contained (builtins only): its source also runs inside the sandbox, in the changed reference.
+    # Self-contained (builtins only): its source also runs inside the sandbox, in the changed canonical solution.
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -328,18 +329,18 @@ def changed_result(value: Any, variant: int) -> Any:
     return None
 
 
-def changed_result_program(reference: str, entry_point: str, variant: int) -> str:
-    """The reference program whose entry point returns :func:`changed_result` of the right result (its own recursive
+def changed_result_program(canonical_solution: str, entry_point: str, variant: int) -> str:
+    """The canonical program whose entry point returns :func:`changed_result` of the right result (its own recursive
     calls get the right results: only the outermost call is changed)."""
     helper = inspect.getsource(changed_result).replace("changed_result", "_comlrl_changed_result")
     return (
-        f"{reference.rstrip()}\n\n\n{helper}\n\n"
-        f"_comlrl_reference = {entry_point}\n"
+        f"{canonical_solution.rstrip()}\n\n\n{helper}\n\n"
+        f"_comlrl_canonical = {entry_point}\n"
         "_comlrl_depth = [0]\n\n\n"
         f"def {entry_point}(*args, **kwargs):\n"
         "    _comlrl_depth[0] += 1\n"
         "    try:\n"
-        "        result = _comlrl_reference(*args, **kwargs)\n"
+        "        result = _comlrl_canonical(*args, **kwargs)\n"
         f"        return _comlrl_changed_result(result, {variant}) if _comlrl_depth[0] == 1 else result\n"
         "    finally:\n"
         "        _comlrl_depth[0] -= 1\n"

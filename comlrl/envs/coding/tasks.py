@@ -5,7 +5,8 @@ Normalised row (what ``load_dataset`` returns for ``humaneval``, ``coophumaneval
     task_id: str              prompt: str (signature + docstring shown to the agents)
     entry_point: str          test: str (HumanEval-style ``def check(candidate)`` code, or '')
     test_list: list[str]      test_setup_code: str (MBPP asserts and their setup; [] / '' for HumanEval)
-    reference: str            the whole reference program ('' when unknown)
+    canonical_solution: str   the whole canonical program: prompt + HumanEval's ``canonical_solution`` body, or
+                              MBPP's ``code`` ('' when unknown)
 
 :func:`task_from_row` turns a normalised *or raw* row into a :class:`CodeTask` with individual tests:
 HumanEval's ``check(candidate)`` body is split into its assert statements (``candidate`` renamed to
@@ -13,6 +14,9 @@ the entry point) so that "fraction of tests passed" is meaningful; statements th
 (a loop of asserts, say) stay whole as one test; statements without one (``import math``, helper
 variables) become setup code run before the tests. When no assert can be split out, the whole check
 runs as a single test ``check(<entry point>)``.
+
+A row whose solution is under ``reference`` and not ``canonical_solution`` is refused by name
+(:func:`check_solution_field`): the field is ``canonical_solution``.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from dataclasses import dataclass
 
 from ...errors import ComlrlError
 from ...pyast import parse_quiet
+from ..core.loaders import DatasetError
 
 _CHECK_NAME = "check"
 _BUILTINS = frozenset(dir(builtins))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CodeTask:
     """One problem, ready to assemble and test a team program."""
 
@@ -42,8 +47,25 @@ class CodeTask:
     setup: str  # code run after the program, before the tests
     context: str  # code from the prompt that the program needs (imports, given helper functions)
     signature: str  # "def entry(args):" of the entry point ('' when unknown)
-    reference: str  # whole reference program ('' when unknown)
+    canonical_solution: str  # the whole canonical program ('' when unknown)
     split: bool  # tests were split into individual statements
+
+
+_SOLUTION_FIELDS = {  # kind of row -> what its canonical_solution holds, and the benchmark's own name for it
+    "code": "the body after the prompt as in HumanEval, or the whole program; MBPP rows may give it as `code`",
+    "classeval": "the whole class; ClassEval rows may give it as `solution_code`",
+}
+
+
+def check_solution_field(row: dict, kind: str, index: int | None = None) -> None:
+    """Refuse a ``kind`` row (``code``, ``classeval``) that gives its solution as ``reference``: the field is
+    ``canonical_solution``. ``index`` (the row's number in its file) names a row without a ``task_id``."""
+    if "reference" in row and "canonical_solution" not in row:
+        name = row.get("task_id", index if index is not None else "?")
+        raise DatasetError(
+            f"{kind} row {name!r} has a 'reference' field and no 'canonical_solution': the canonical solution's "
+            f"field is `canonical_solution` ({_SOLUTION_FIELDS[kind]}); rename it."
+        )
 
 
 # --- HumanEval --------------------------------------------------------------------------------------
@@ -179,6 +201,7 @@ def mbpp_prompt(text: str, signature: str, tests: list[str]) -> str:
 
 def normalize_mbpp(row: dict, index: int) -> dict:
     """A raw MBPP row (``text``/``prompt``, ``code``, ``test_list``, ...) in the common code schema."""
+    check_solution_field(row, "code", index)
     tests = [str(t) for t in row["test_list"]]
     code = str(row.get("code") or "").replace("\r\n", "\n")
     entry = str(row.get("entry_point") or mbpp_entry_point(code, tests))
@@ -192,13 +215,15 @@ def normalize_mbpp(row: dict, index: int) -> dict:
         "test": "",
         "test_list": tests,
         "test_setup_code": str(row.get("test_setup_code") or ""),
-        "reference": code,
+        "canonical_solution": code,
     }
 
 
 def normalize_humaneval_row(row: dict, index: int) -> dict:
-    """A HumanEval-format row (``prompt``, ``test``, ``entry_point``, optional ``canonical_solution``)."""
-    prompt, canonical = str(row["prompt"]), row.get("canonical_solution")
+    """A HumanEval-format row (``prompt``, ``test``, ``entry_point``, optional ``canonical_solution``: the body after
+    the prompt, or the whole program as a normalised row carries it)."""
+    check_solution_field(row, "code", index)
+    prompt, canonical = str(row["prompt"]), str(row.get("canonical_solution") or "")
     return {
         "task_id": str(row.get("task_id", index)),
         "prompt": prompt,
@@ -206,13 +231,21 @@ def normalize_humaneval_row(row: dict, index: int) -> dict:
         "test": str(row["test"]),
         "test_list": [],
         "test_setup_code": "",
-        "reference": prompt + str(canonical) if canonical else str(row.get("reference") or ""),
+        "canonical_solution": _whole_program(prompt, canonical),
     }
+
+
+def _whole_program(prompt: str, canonical: str) -> str:
+    # a normalised row already holds prompt + body: prepending the prompt again would define the function twice
+    if not canonical or canonical.startswith(prompt):
+        return canonical
+    return prompt + canonical
 
 
 def normalize_code_row(row: dict, index: int = 0) -> dict:
     """Either format (HumanEval-style or MBPP-style) in the common schema; already-normalised rows pass."""
-    if "reference" in row and "test_list" in row and "test" in row and "entry_point" in row:
+    check_solution_field(row, "code", index)
+    if "canonical_solution" in row and "test_list" in row and "test" in row and "entry_point" in row:
         return row
     if row.get("test_list") and not row.get("test"):
         return normalize_mbpp(row, index)
@@ -229,33 +262,43 @@ def task_from_row(row: dict) -> CodeTask:
             f"(prompt, test, entry_point) or MBPP-style rows (text, test_list); load them with env.load_dataset()."
         ) from exc
     return _task(
-        norm["task_id"],
-        norm["prompt"],
-        norm["entry_point"],
-        norm["test"],
-        tuple(norm["test_list"] or ()),
-        norm["test_setup_code"] or "",
-        norm["reference"] or "",
+        task_id=norm["task_id"],
+        prompt=norm["prompt"],
+        entry=norm["entry_point"],
+        test=norm["test"],
+        test_list=tuple(norm["test_list"] or ()),
+        setup=norm["test_setup_code"] or "",
+        canonical_solution=norm["canonical_solution"] or "",
     )
 
 
 @functools.lru_cache(maxsize=4096)
 def _task(
-    task_id: str, prompt: str, entry: str, test: str, test_list: tuple[str, ...], setup: str, reference: str
+    *, task_id: str, prompt: str, entry: str, test: str, test_list: tuple[str, ...], setup: str, canonical_solution: str
 ) -> CodeTask:
     if test_list:  # MBPP: asserts already separate; the prompt is not code (its first line is the signature)
         first = prompt.split("\n", 1)[0]
         signature = first if re.match(rf"^(async\s+)?def\s+{re.escape(entry)}\s*\(", first) else ""
-        return CodeTask(task_id, prompt, entry, test_list, setup, "", signature, reference, True)
+        return CodeTask(
+            task_id=task_id,
+            prompt=prompt,
+            entry_point=entry,
+            tests=test_list,
+            setup=setup,
+            context="",
+            signature=signature,
+            canonical_solution=canonical_solution,
+            split=True,
+        )
     tests, check_setup, split = split_check_tests(test, entry)
     return CodeTask(
-        task_id,
-        prompt,
-        entry,
-        tests,
-        check_setup,
-        prompt_context(prompt, entry),
-        signature_of(prompt, entry),
-        reference,
-        split,
+        task_id=task_id,
+        prompt=prompt,
+        entry_point=entry,
+        tests=tests,
+        setup=check_setup,
+        context=prompt_context(prompt, entry),
+        signature=signature_of(prompt, entry),
+        canonical_solution=canonical_solution,
+        split=split,
     )

@@ -143,7 +143,7 @@ _RUNNERS = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BaselineRows:
     """A baseline's per-row results: ``answers[i][j]`` is agent i's answer to row j, ``scores[j]`` row j's score dict
     (``reward``, ``level/*``, ``metric/*``), ``tokens[j]`` the tokens generated for row j over all calls, ``metrics``
@@ -156,7 +156,7 @@ class BaselineRows:
 
 
 def baseline_answers(
-    env: Env, mode: str, generate: Generate, rows: Sequence[dict], *, count_tokens: Callable[[str], int] | None = None
+    env: Env, mode: str, *, generate: Generate, rows: Sequence[dict], count_tokens: Callable[[str], int] | None = None
 ) -> tuple[list[list[str]], list[int], dict[str, float]]:
     """Each agent's answer to each row under baseline ``mode``, the tokens generated per row (every call of the mode
     sends one prompt per row, in row order) and the mode's own metrics."""
@@ -173,26 +173,26 @@ def baseline_answers(
 def baseline_rows(
     env: Env,
     mode: str,
+    *,
     generate: Generate,
     rows: Sequence[dict],
-    *,
     count_tokens: Callable[[str], int] | None = None,
     reward_func: Any = None,
 ) -> BaselineRows:
     """Run baseline ``mode`` on ``rows`` and score each row (``reward_func``: a team reward with ``score()``;
     default ``env.reward_func``)."""
-    per_agent, tokens, metrics = baseline_answers(env, mode, generate, rows, count_tokens=count_tokens)
+    per_agent, tokens, metrics = baseline_answers(env, mode, generate=generate, rows=rows, count_tokens=count_tokens)
     reward = reward_func if reward_func is not None else env.reward_func
     scores = reward.score(*per_agent, batch_items=[dict(r) for r in rows])
-    return BaselineRows(per_agent, [dict(s) for s in scores], tokens, dict(metrics))
+    return BaselineRows(answers=per_agent, scores=[dict(s) for s in scores], tokens=tokens, metrics=dict(metrics))
 
 
 def run_baseline(
-    env: Env, mode: str, generate: Generate, rows: Sequence[dict], *, count_tokens: Callable[[str], int] | None = None
+    env: Env, mode: str, *, generate: Generate, rows: Sequence[dict], count_tokens: Callable[[str], int] | None = None
 ) -> dict[str, float]:
     """Run baseline ``mode`` on ``rows`` and return ``env.evaluate`` metrics + ``tokens/per_task``, ``num_tasks``."""
     rows = [dict(r) for r in rows]
-    per_agent, tokens, own = baseline_answers(env, mode, generate, rows, count_tokens=count_tokens)
+    per_agent, tokens, own = baseline_answers(env, mode, generate=generate, rows=rows, count_tokens=count_tokens)
     metrics = env.evaluate(per_agent, rows)
     metrics.update(own)
     metrics["tokens/per_task"] = sum(tokens) / len(rows)

@@ -158,8 +158,8 @@ def load_rows(
         require_fields(row, required, where, i)
         try:
             out.append(normalize(row, i))
-        except DatasetError:
-            raise
+        except DatasetError as exc:  # a row the normaliser refuses by name: the file and row number first
+            raise DatasetError(f"{where}: row {i}: {exc}") from exc
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise DatasetError(f"{where}: row {i} could not be read: {type(exc).__name__}: {exc}.") from exc
     if not out:
