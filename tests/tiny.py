@@ -1,4 +1,4 @@
-"""Tiny offline models and tokenizers for fast tests (no network, built from a config)."""
+"""Tiny offline models, tokenizers and token batches for fast tests (no network, built from a config)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
+PAD_ID = SPECIALS.index("<pad>")
 
 
 def tiny_tokenizer(pad_is_eos: bool = False) -> PreTrainedTokenizerFast:
@@ -48,3 +49,19 @@ def tiny_model(seed: int = 0, vocab_size: int = 259, layers: int = 2, hidden: in
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(cfg)
+
+
+def grouped_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prompt ids, prompt mask, completion ids, completion mask) of 7 rows over 3 distinct prompts (groups of 3, 3
+    and 1, rows interleaved), one prompt left-padded, one completion cut short by padding."""
+    torch.manual_seed(5)
+    prompts = torch.randint(3, 259, (3, 6))
+    p_mask = torch.ones(3, 6, dtype=torch.long)
+    p_mask[1, :2] = 0
+    prompts[1, :2] = PAD_ID
+    group = torch.tensor([0, 1, 0, 0, 1, 1, 2])
+    c_ids = torch.randint(3, 259, (7, 5))
+    c_mask = torch.ones(7, 5, dtype=torch.long)
+    c_mask[2, 3:] = 0
+    c_ids[2, 3:] = PAD_ID
+    return prompts[group], p_mask[group], c_ids, c_mask

@@ -14,6 +14,11 @@ import torch
 JOINT_MODES = {"align": "align", "aligned": "align", "cross": "cross"}
 # how cross mode turns the returns of the joint actions holding a sample into that sample's credit
 CROSS_CREDITS = ("mean", "sum")
+# which samples share a baseline and a scale (episode_advantages): the team's joint returns per node; each agent's own
+# return statistics (Dr.MAS); each agent's samples per node on the turn's own rewards (AT-GRPO)
+ADVANTAGE_GROUPINGS = ("team", "agent", "agent_turn")
+# which joint actions of a turn get a child node: every one; the best per dataset row; the k best per dataset row
+ROLLOUT_EXPANSIONS = ("tree", "best", "top_k")
 
 Baseline = Callable[[torch.Tensor], torch.Tensor]
 BASELINES: dict[str, Baseline] = {}
@@ -90,6 +95,23 @@ def compute_advantages(
     elif scale != "none":
         raise ValueError(f"unknown scale '{scale}'; valid: none, group, batch, standardize")
     return adv
+
+
+def agent_advantages(returns: list[torch.Tensor], mode: str = "mean") -> list[torch.Tensor]:
+    """Agent-wise normalization (Dr.MAS) of one agent's returns over a rollout, ``returns[t]``: (M_t, G), its samples
+    at turn t grouped by node: A = (R - b(R)) / (std + :data:`TRL_STD_EPS`), the baseline ``mode`` of each group,
+    the std (Bessel-corrected) of all the agent's returns over every turn, so that each agent's advantages are on its
+    own reward scale. A single return is left unscaled.
+
+    In a single-turn episode this is scale='batch' of :func:`compute_advantages` on the agent's returns (in cross
+    mode its credits), the std of each agent's own returns; over several turns 'batch' takes each turn's std apart.
+    """
+    adv = [compute_advantages(r, mode, "none") for r in returns]
+    flat = torch.cat([r.reshape(-1) for r in returns]) if returns else torch.zeros(0)
+    if flat.numel() < 2:
+        return adv
+    std = flat.std(unbiased=True)
+    return [a / (std + TRL_STD_EPS) for a in adv]
 
 
 def joint_mode_name(mode: str) -> str:
@@ -181,6 +203,7 @@ def tree_gae(
     n = len(rewards)
     if not (len(values) == len(children) == n):
         raise ValueError("rewards, values and children need one entry per turn")
+    values = [v.to(r.dtype) for v, r in zip(values, rewards)]  # a bf16 critic's values: GAE in the rewards' fp32
     advantages: list[torch.Tensor] = [torch.zeros_like(r) for r in rewards]
     for t in range(n - 1, -1, -1):
         child = children[t]

@@ -3,7 +3,7 @@ multi-agent REINFORCE family (:class:`MAGRPOConfig` and its baselines)."""
 
 from __future__ import annotations
 
-from ..algorithms.advantages import CROSS_CREDITS, JOINT_MODES
+from ..algorithms.advantages import ADVANTAGE_GROUPINGS, CROSS_CREDITS, JOINT_MODES, ROLLOUT_EXPANSIONS
 from ..algorithms.losses import LOSS_NORMALIZATIONS
 from ..errors import ConfigError
 from .base import TrainConfig
@@ -38,6 +38,18 @@ class PolicyConfig(TrainConfig):
         "reference library; 'turns': the loss_type normalization runs within each turn and the turns are averaged, "
         "so each turn weighs the same whatever its node count.",
     )
+    rollout_expansion: str = help_field(
+        "tree",
+        f"Multi-turn: which joint actions of a turn get a child node, one of {ROLLOUT_EXPANSIONS}. 'tree': every one "
+        "(G^(t-1) nodes per dataset row at turn t, G^(N (t-1)) in cross mode); 'best': each row's highest-reward "
+        "joint action (ties: the lowest index), so a T-turn episode samples G x T completions per agent per row; "
+        "'top_k': each row's expansion_top_k highest (G + k G (T - 1)), as AT-GRPO. A joint action not continued "
+        "has no child: its return is its own reward (advantage_grouping='agent_turn' is the natural pairing); a "
+        "terminated branch (termination_threshold) does not continue either. TRL has no equivalent (single-turn).",
+    )
+    expansion_top_k: int = help_field(
+        2, "rollout_expansion='top_k': how many joint actions of each dataset row continue at every turn (>= 1)."
+    )
     mask_truncated_completions: bool = help_field(
         False,
         "Leave completions that hit max_new_tokens without EOS out of the loss (they still count in the "
@@ -55,6 +67,9 @@ class PolicyConfig(TrainConfig):
         name = type(self).__name__
         self._check_choice("loss_type", LOSS_TYPES)
         self._check_choice("turn_weighting", TURN_WEIGHTINGS)
+        self._check_choice("rollout_expansion", ROLLOUT_EXPANSIONS)
+        if self.expansion_top_k < 1:
+            raise ConfigError(f"{name}.expansion_top_k={self.expansion_top_k}: must be >= 1.")
         if self.epsilon_high is not None and self.epsilon_high <= 0:
             raise ConfigError(f"{name}.epsilon_high={self.epsilon_high}: must be > 0 (or None).")
         if self.num_iterations < 1:
@@ -86,6 +101,16 @@ class MAGRPOConfig(PolicyConfig):
         "advantages under scale_rewards='standardize'.",
     )
     advantage_mode: str = help_field("mean", f"Baseline over the group of returns: one of {ADVANTAGE_MODES}.")
+    advantage_grouping: str = help_field(
+        "team",
+        f"Which samples an advantage compares, one of {ADVANTAGE_GROUPINGS}; groups hold samples of one prompt. "
+        "'team': per node, the joint actions' tree returns, with advantage_mode and scale_rewards. 'agent' "
+        "(Dr.MAS): the node's advantage_mode baseline, divided by the Bessel std of all of that agent's returns "
+        "(in cross mode its credits) in the rollout plus 1e-4, each agent on its own reward scale (needs "
+        "scale_rewards='none'; single-turn it equals scale_rewards='batch'). 'agent_turn' (AT-GRPO): per agent, "
+        "turn and node, each joint action's own turn reward (no later turn), with advantage_mode and scale_rewards. "
+        "Costs no extra samples. TRL has no equivalent (one agent, one turn).",
+    )
     scale_rewards: str | bool = help_field(
         "none",
         f"Divide advantages by the std of the group or batch: {SCALE_MODES}. 'group' and 'batch' are TRL's: the "
@@ -109,6 +134,12 @@ class MAGRPOConfig(PolicyConfig):
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = SCALE_BOOLS[self.scale_rewards]
         self._check_choice("scale_rewards", SCALE_MODES)
+        self._check_choice("advantage_grouping", ADVANTAGE_GROUPINGS)
+        if self.advantage_grouping == "agent" and self.scale_rewards != "none":
+            raise ConfigError(
+                f"{name}.advantage_grouping='agent' divides each agent's advantages by the std of its own returns; "
+                f"it takes no other scale, and scale_rewards={self.scale_rewards!r} (set scale_rewards='none')."
+            )
         if self.advantage_mode in ("mean", "loo", "max") and self.num_generations < 2:
             raise ConfigError(
                 f"{name}.num_generations={self.num_generations}: the '{self.advantage_mode}' baseline needs a "

@@ -4,7 +4,9 @@ Turn t has M_t nodes; at each node every agent samples G completions. Joint acti
 the g-th sample of every agent (align) or every combination (cross, J = G^N joint actions).
 Each joint action's reward comes from reward_func; through external_transition it gets a child node
 at turn t+1 (unless the episode ends or early termination stops the branch). In cross mode a node thus has
-G^N children: turn t holds (G^N)^t nodes per dataset row.
+G^N children: turn t holds (G^N)^t nodes per dataset row. ``rollout_expansion`` 'best' / 'top_k' continues only
+each dataset row's best joint action / k best ones, so a later turn holds 1 / k nodes per row
+(:func:`continued_branches`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from typing import Any, Callable
 
 import torch
 
-from ..algorithms.advantages import clip_rewards, compute_advantages, cross_credit, joint_mode_name, tree_returns
+from ..algorithms.advantages import (
+    ADVANTAGE_GROUPINGS,
+    ROLLOUT_EXPANSIONS,
+    agent_advantages,
+    clip_rewards,
+    compute_advantages,
+    cross_credit,
+    joint_mode_name,
+    tree_returns,
+)
 from ..configs.fields import suggest
 from ..engine.rewards import accepted_kwargs, compute_rewards
 from ..errors import TransitionError
@@ -95,6 +106,8 @@ def run_episode(
     external_transition: Callable | None = None,
     termination_threshold: float | None = None,
     termination_scope: str = "branch",
+    rollout_expansion: str = "tree",
+    expansion_top_k: int = 2,
     reward_processor: Callable | None = None,
     autocast_dtype: torch.dtype | None = None,
     seed: int | None = None,
@@ -105,11 +118,13 @@ def run_episode(
 
     ``seed``: sampling key of this episode; row k of agent i at turn t samples from its own stream keyed by
     (seed, t, i, k), so samples do not depend on batching or process placement (None: the global RNG).
+    ``rollout_expansion``, ``expansion_top_k``: which joint actions get a next turn (:func:`continued_branches`).
     Distributed hooks (:mod:`comlrl.parallel.job`; None in one process): ``generate_fn`` replaces
     :func:`generate_team` and returns every agent's samples; ``run_once(fn, *args, **kwargs)`` runs the scoring (reward
     and transition, possibly a sandbox) once and gives every process its result or its exception.
     """
     g = num_generations
+    check_expansion(rollout_expansion, expansion_top_k)
     generate_fn = generate_fn or generate_team
     run_once = run_once or (lambda fn, *args, **kwargs: fn(*args, **kwargs))
     turns: list[Turn] = []
@@ -137,6 +152,8 @@ def run_episode(
             external_transition=external_transition,
             termination_threshold=termination_threshold,
             termination_scope=termination_scope,
+            rollout_expansion=rollout_expansion,
+            expansion_top_k=expansion_top_k,
             reward_processor=reward_processor,
         )
         for k, v in turn_timings.items():
@@ -160,6 +177,8 @@ def score_turn(
     external_transition: Callable | None,
     termination_threshold: float | None,
     termination_scope: str,
+    rollout_expansion: str = "tree",
+    expansion_top_k: int = 2,
     reward_processor: Callable | None,
 ) -> tuple[torch.Tensor, list, torch.Tensor, list[Node], dict]:
     """Team rewards of turn t's joint actions and the child nodes: (rewards, levels, children, next nodes, timings)."""
@@ -185,10 +204,11 @@ def score_turn(
     next_nodes: list[Node] = []
     if t + 1 < num_turns:
         start = time.perf_counter()
+        kept = continued_branches(rewards, [nd.row_id for nd in nodes], rollout_expansion, expansion_top_k)
         for m, nd in enumerate(nodes):
             expand = expanded_branches(rewards[m], termination_threshold, termination_scope)
             for k, c in enumerate(combos):
-                if not expand[k]:
+                if not (expand[k] and kept[m, k]):
                     continue
                 answers = [samples[i].texts[m * g + c[i]] for i in range(n)]
                 children[m, k] = len(next_nodes)
@@ -205,6 +225,42 @@ def expanded_branches(rewards: torch.Tensor, threshold: float | None, scope: str
     if scope == "node":
         return [float(rewards.mean()) <= threshold] * len(rewards)
     return [float(r) < threshold for r in rewards]
+
+
+def check_expansion(expansion: str, top_k: int) -> None:
+    """ValueError unless ``expansion`` is one of :data:`ROLLOUT_EXPANSIONS` and ``top_k`` >= 1."""
+    if expansion not in ROLLOUT_EXPANSIONS:
+        raise ValueError(f"unknown rollout_expansion {expansion!r}; valid: {', '.join(ROLLOUT_EXPANSIONS)}")
+    if top_k < 1:
+        raise ValueError(f"expansion_top_k={top_k}: must be >= 1")
+
+
+def continued_branches(
+    rewards: torch.Tensor, row_ids: list[int], expansion: str = "tree", top_k: int = 2
+) -> torch.Tensor:
+    """(M, J) bool: which joint actions of a turn's M nodes, rewards (M, J), may get a next turn under ``expansion``:
+    'tree' every one; 'best' the highest-reward one of each dataset row (``row_ids``: each node's row), over the row's
+    nodes; 'top_k' the ``top_k`` highest of each row (all when the row has fewer). Ties go to the lowest (node, joint
+    action) index. Early termination (:func:`expanded_branches`) applies on top: a kept branch that terminates ends
+    there, and no other takes its place.
+
+    A T-turn episode thus samples G per agent per row at turn 1 and, under 'best', at every later turn (G * T in all);
+    under 'top_k', k G at every later turn (G + k G (T - 1); min(k, the row's joint actions) nodes at turn 2). A joint
+    action not continued has no child, so its tree return is its own reward.
+    """
+    check_expansion(expansion, top_k)
+    if expansion == "tree":
+        return torch.ones(rewards.shape, dtype=torch.bool)
+    k = 1 if expansion == "best" else top_k
+    nodes_of_row: dict[int, list[int]] = {}
+    for m, rid in enumerate(row_ids):
+        nodes_of_row.setdefault(rid, []).append(m)
+    kept = torch.zeros(rewards.shape, dtype=torch.bool)
+    for nodes in nodes_of_row.values():
+        ranked = sorted(((m, j) for m in nodes for j in range(rewards.shape[1])), key=lambda mj: -float(rewards[mj]))
+        for m, j in ranked[:k]:  # sorted() is stable: equal rewards keep the lowest index first
+            kept[m, j] = True
+    return kept
 
 
 def generate_team(
@@ -398,16 +454,39 @@ def episode_advantages(
     discount: float = 1.0,
     reward_clip: float | None = None,
     credit: str = "mean",
+    grouping: str = "team",
 ) -> list[list[torch.Tensor]]:
     """advantages[agent][turn]: (M_t * G,) advantage of each of the agent's samples, row order as in Samples.
-    ``credit``: cross mode's credit of a sample from the joint actions with it (:func:`cross_credit`)."""
+    ``credit``: cross mode's credit of a sample from the joint actions with it (:func:`cross_credit`).
+
+    ``grouping`` (one of :data:`ADVANTAGE_GROUPINGS`), over each agent's returns (in cross mode its credits):
+
+    - 'team': per node, the baseline ``mode`` and ``scale`` over the node's tree returns;
+    - 'agent' (Dr.MAS): the node's baseline, divided by the std of all the agent's returns in the episode
+      (:func:`agent_advantages`; ``scale`` must be 'none'): scale='batch' when every agent shares every return of a
+      single turn;
+    - 'agent_turn' (AT-GRPO): per node, ``mode`` and ``scale`` over each joint action's own turn reward, no later
+      turn (tree returns with discount 0), the natural pairing of rollout_expansion 'best' / 'top_k', under which
+      the joint actions not continued have no future anyway.
+    """
+    if grouping not in ADVANTAGE_GROUPINGS:
+        raise ValueError(f"unknown advantage grouping {grouping!r}; valid: {', '.join(ADVANTAGE_GROUPINGS)}")
+    if grouping == "agent" and scale != "none":
+        raise ValueError(
+            f"advantage grouping 'agent' divides by each agent's std itself; scale={scale!r} must be 'none'"
+        )
     rewards = clip_rewards([t.rewards for t in episode.turns], reward_clip)
+    if grouping == "agent_turn":  # a turn's own reward: no return flows back from later turns
+        discount = 0.0
     returns = tree_returns(rewards, [t.children for t in episode.turns], discount)  # (M_t, J) per turn
     if joint_mode_name(joint_mode) == "cross":  # a sample's credit: from the returns of the joint actions with it
         joint = [r.view(r.shape[0], *([num_generations] * num_agents)) for r in returns]  # (M_t, G, ..., G)
-        return [
-            [compute_advantages(cross_credit(j, i, credit), mode, scale).reshape(-1) for j in joint]
-            for i in range(num_agents)
-        ]
-    per_turn = [compute_advantages(r, mode, scale).reshape(-1) for r in returns]
+        credits = [[cross_credit(j, i, credit) for j in joint] for i in range(num_agents)]
+        if grouping == "agent":
+            return [[a.reshape(-1) for a in agent_advantages(c, mode)] for c in credits]
+        return [[compute_advantages(c, mode, scale).reshape(-1) for c in per_turn] for per_turn in credits]
+    if grouping == "agent":  # every agent's returns are the joint ones: one normalization for all
+        per_turn = [a.reshape(-1) for a in agent_advantages(returns, mode)]
+    else:
+        per_turn = [compute_advantages(r, mode, scale).reshape(-1) for r in returns]
     return [per_turn for _ in range(num_agents)]

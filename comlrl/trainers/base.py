@@ -413,7 +413,8 @@ class MultiAgentTrainer:
         return self.update.optimize(buffer)
 
     def compute_advantages(self, episode: Episode, metrics: dict[str, Any]) -> list[list[torch.Tensor]]:
-        """advantages[agent][turn] for one rollout: the baseline of ``advantage_mode`` over sibling returns."""
+        """advantages[agent][turn] for one rollout: the baseline of ``advantage_mode`` over sibling returns, grouped by
+        ``advantage_grouping``."""
         a = self.args
         return episode_advantages(
             episode,
@@ -425,6 +426,7 @@ class MultiAgentTrainer:
             discount=a.discount,
             reward_clip=a.reward_clip,
             credit=a.cross_credit,
+            grouping=a.advantage_grouping,
         )
 
     def rollout(
@@ -461,6 +463,8 @@ class MultiAgentTrainer:
             external_transition=self.external_transition,
             termination_threshold=self.args.termination_threshold,
             termination_scope=self.args.termination_scope,
+            rollout_expansion=own_field(self.args, "rollout_expansion", "tree"),
+            expansion_top_k=own_field(self.args, "expansion_top_k", 2),
             reward_processor=self.reward_processor,
             autocast_dtype=self.rollout_dtype,
             seed=seed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import tiny_model
+from tiny import grouped_batch, tiny_model
 
 from comlrl.accel import attention
 from comlrl.accel.fastgen import additive_mask
@@ -79,14 +79,12 @@ def test_packed_forward_runs_slot_attention_and_restores_the_implementation(attn
     """completion_logprobs on rows sharing a prompt goes through slot attention when the model attends eagerly (the
     same log-probs as the separate rows), keeps SDPA's own kernel otherwise, and leaves the model's attention
     implementation as it was; the function refuses to run outside."""
-    from test_losses import _grouped_batch
-
     model = tiny_model(seed=6, hidden=64)
     model.set_attn_implementation(attn)
     calls = []
     original = attention.slot_attention_values
     monkeypatch.setattr(attention, "slot_attention_values", lambda *a, **kw: calls.append(1) or original(*a, **kw))
-    tensors = _grouped_batch()
+    tensors = grouped_batch()
     packed = logprobs.completion_logprobs(model, *tensors)
     layers = model.config.num_hidden_layers if attn == "eager" else 0
     assert len(calls) == layers

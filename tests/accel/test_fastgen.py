@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from greedy_decode import PROMPTS, greedy, hf_greedy
 from tiny import tiny_model
 from transformers import (
     GPT2Config,
@@ -24,31 +25,8 @@ from comlrl.accel.llama_decoder import LlamaDecoder
 from comlrl.accel.sampler import top_p_filter
 from comlrl.engine.models import left_pad
 
-PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20, 21], [1, 30, 31, 32, 33, 34], [1, 40], [1, 50, 51, 52]]
 # chi-square critical value for 7 degrees of freedom at p = 1e-4 (the tests are seeded: a margin, not a flake rate)
 CHI2_7DF = 29.9
-
-
-def hf_greedy(model, ids, mask, pad, eos, new_tokens, **kw) -> torch.Tensor:
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=new_tokens,
-        do_sample=False,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        pad_token_id=pad,
-        eos_token_id=eos,
-        **kw,
-    )
-    return out[:, ids.shape[1] :]
-
-
-def greedy(model, ids, mask, pad, eos, new_tokens, **kw) -> torch.Tensor:
-    return fast_generate(
-        model, ids, mask, max_new_tokens=new_tokens, eos_token_ids=eos, pad_token_id=pad, do_sample=False, **kw
-    )
 
 
 def tiny_qwen2() -> Qwen2ForCausalLM:

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from tiny import tiny_model
+from tiny import grouped_batch, tiny_model
 
 from comlrl.algorithms.losses import loss_weights, policy_loss, token_logprobs
 from comlrl.engine.logprobs import completion_logprobs
@@ -283,22 +283,6 @@ def test_head_logprobs_gradcheck(keep_bytes):
     )
 
 
-def _grouped_batch():
-    """7 rows over 3 distinct prompts (groups of 3, 3 and 1, rows interleaved), one prompt left-padded, one
-    completion cut short by padding."""
-    torch.manual_seed(5)
-    prompts = torch.randint(3, 259, (3, 6))
-    p_mask = torch.ones(3, 6, dtype=torch.long)
-    p_mask[1, :2] = 0
-    prompts[1, :2] = PAD
-    group = torch.tensor([0, 1, 0, 0, 1, 1, 2])
-    c_ids = torch.randint(3, 259, (7, 5))
-    c_mask = torch.ones(7, 5, dtype=torch.long)
-    c_mask[2, 3:] = 0
-    c_ids[2, 3:] = PAD
-    return prompts[group], p_mask[group], c_ids, c_mask
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_rows_sharing_a_prompt_are_packed_with_the_same_logprobs_and_gradients(attn, monkeypatch):
     """One packed sequence per distinct prompt gives the log-probs and gradients of the separate rows (fp32, 1e-5)."""
@@ -307,7 +291,7 @@ def test_rows_sharing_a_prompt_are_packed_with_the_same_logprobs_and_gradients(a
 
     model = tiny_model(seed=6, hidden=64)
     model.set_attn_implementation(attn)
-    p_ids, p_mask, c_ids, c_mask = _grouped_batch()
+    p_ids, p_mask, c_ids, c_mask = grouped_batch()
     positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
     layout = packing.shared_prompt_layout(
         p_ids, p_mask, completion_ids=c_ids, completion_mask=c_mask, position_ids=positions, config=model.config
@@ -324,7 +308,7 @@ def test_packed_rows_with_lora_under_bf16_autocast_match_separate_rows(monkeypat
 
     from comlrl.engine import logprobs
 
-    p_ids, p_mask, c_ids, c_mask = _grouped_batch()
+    p_ids, p_mask, c_ids, c_mask = grouped_batch()
     model = get_peft_model(
         tiny_model(seed=7, hidden=64),
         LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False),
@@ -348,7 +332,7 @@ def test_packing_is_declined_when_it_would_not_pay():
     from comlrl.accel.packing import shared_prompt_layout
 
     config = tiny_model(hidden=64).config
-    p_ids, p_mask, c_ids, c_mask = _grouped_batch()
+    p_ids, p_mask, c_ids, c_mask = grouped_batch()
     positions = (torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0)
     assert (
         shared_prompt_layout(

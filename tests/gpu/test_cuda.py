@@ -6,7 +6,8 @@
 
 Without a GPU every test skips with its reason. ``COMLRL_TEST_DEVICE`` (default ``cuda``) picks the device, so the
 test code itself can be run on a CPU machine. The CPU versions of these checks are in test_trainer.py,
-test_fastgen.py and test_distributed.py; the helpers come from there.
+test_fastgen.py and test_distributed.py; their shared inputs and references are in tests/tiny_team.py,
+tests/greedy_decode.py and tests/torchrun_jobs.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from pathlib import Path
 import dist_worker
 import pytest
 import torch
+from greedy_decode import PROMPTS, greedy, hf_greedy
 from tiny import tiny_model, tiny_tokenizer
+from tiny_team import ROWS, cfg, length_reward, weights
+from torchrun_jobs import agent_weights, history
 from transformers import LogitsProcessorList
 
 from comlrl.accel.fastgen import fast_generate
@@ -36,11 +40,6 @@ from comlrl.rollout.protocol import GenerationSettings
 from comlrl.rollout.rollout import generate
 from comlrl.rollout.sampling import RowSeededSampler
 from comlrl.trainers.magrpo import MAGRPOTrainer
-
-# the CPU tests these checks repeat on CUDA, whose inputs and references they share
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("accel", "trainers")]
-from test_fastgen import PROMPTS, greedy, hf_greedy  # noqa: E402
-from test_trainer import ROWS, cfg, length_reward, weights  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -84,12 +83,13 @@ def test_bf16_team_trains_two_steps(bf16_device, monkeypatch):
             lambda module, inputs, out: out_dtypes.append(out.dtype)
         )
         try:
-            logp = forward(model, *args, **kw)
+            out = forward(model, *args, **kw)
         finally:
             handle.remove()
+        logp = out[0] if isinstance(out, tuple) else out  # a tuple when the entropy or sampler log-probs come along
         autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         seen.append((autocast, out_dtypes, torch.isfinite(logp).all().item()))
-        return logp
+        return out
 
     monkeypatch.setattr(update, "completion_logprobs", spy)
     t = MAGRPOTrainer(
@@ -261,26 +261,12 @@ NCCL_DRIVER = textwrap.dedent("""
 """)
 
 
-def saved_weights(out: Path) -> dict[int, list[dict]]:
-    """agent index -> the state dicts (on CPU) every rank holding it saved."""
-    found: dict[int, list[dict]] = {}
-    for path in sorted(out.glob("weights.rank*.pt")):
-        for i, state in torch.load(path, map_location="cpu").items():
-            found.setdefault(i, []).append(state)
-    return found
-
-
-def history(out: Path) -> list[dict]:
-    rows = json.loads((out / "history.rank0.json").read_text())
-    return [{k: v for k, v in h.items() if not k.startswith(("time/", "perf/"))} for h in rows]
-
-
 def test_nccl_data_parallel_two_gpus_equal_single_process(tmp_path):
     """2 ranks on 2 GPUs, each holding both agents as one replica (placement {agent: [0, 1]}): the default group is
     NCCL (the device is cuda:LOCAL_RANK) and so are the agents' gradient all-reduces. The replicas stay bitwise
     equal, sample what one process on one GPU samples, and make its update up to float summation order."""
     out = _nccl_run_against_one_process(tmp_path, {"max_steps": 2})
-    got = saved_weights(out)
+    got = agent_weights(out)
     for i, (a, b) in got.items():
         assert all(torch.equal(v, b[k]) for k, v in a.items()), i  # the all-reduce gave both replicas one gradient
 
@@ -384,7 +370,7 @@ def _nccl_run_against_one_process(tmp_path: Path, spec: dict) -> Path:
     assert [r["backend"] for r in ran] == [backend, backend]
     for r, held in enumerate(ran):  # offloaded shards: the gathered weights come back in CPU memory
         assert "cpu" in held["devices"] if offload else held["devices"] == [f"cuda:{r}"], (r, held)
-    got, ref = saved_weights(out), saved_weights(tmp_path / "ref")
+    got, ref = agent_weights(out), agent_weights(tmp_path / "ref")
     assert {i: len(s) for i, s in got.items()} == {0: 2, 1: 2}
     exact = [{k: v for k, v in h.items() if "/policy/" not in k} for h in history(out)]
     assert exact == [{k: v for k, v in h.items() if "/policy/" not in k} for h in history(tmp_path / "ref")]

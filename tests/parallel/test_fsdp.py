@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import (
+from torchrun_jobs import (
     agent_weights,
     assert_same_weights,
     cached_runs,

@@ -14,6 +14,7 @@ import pytest
 import torch
 from peft import LoraConfig
 from tiny import tiny_model, tiny_tokenizer
+from torchrun_jobs import agent_weights, assert_same_weights, history, run_in_process, torchrun
 
 from comlrl import (
     CentralizedMAGRPOTrainer,
@@ -439,8 +440,6 @@ def test_marlhf_on_vllm(tmp_path):
 def test_two_rank_torchrun_equals_one_process(tmp_path):
     """Each rank starts the engine of its own agent; per-row seeds make the 2-rank run draw the single process's
     samples, so both train the same weights: a seeded vLLM run reproduces, across process layouts too."""
-    from test_distributed import agent_weights, assert_same_weights, history, run_in_process, torchrun
-
     spec = {"use_vllm": True, "model": {"hidden": 128}, "max_steps": 2}
     rc, log, _ = torchrun(2, tmp_path / "ranks", spec, timeout=400)
     assert rc == 0, log[-4000:]
@@ -455,8 +454,6 @@ def test_sharded_agents_stream_their_weights_into_vllm(tmp_path):
     agents' weights one at a time into its engines (no gathered copy of the model), so both steps sample what one
     process samples, and the updates agree within FSDP's float reassociation (this model: hidden 128, gradient norms
     ~9 at lr 1e-2; measured 6.5e-5)."""
-    from test_distributed import agent_weights, assert_same_weights, history, run_in_process, torchrun
-
     spec = {"use_vllm": True, "model": {"hidden": 128}, "max_steps": 2, "bf16": False}
     sharded = {**spec, "fsdp": "full_shard", "placement": {"0": [0, 1], "1": [0, 1]}}
     rc, log, _ = torchrun(2, tmp_path / "ranks", sharded, timeout=400)

@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 import torch
-from test_trainer import ROWS, cfg, length_reward, weights
 from tiny import tiny_model, tiny_tokenizer
+from tiny_team import ROWS, cfg, length_reward, weights
 
 from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ConfigError

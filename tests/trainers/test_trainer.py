@@ -8,32 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import tiny_model, tiny_tokenizer
+from tiny_team import ROWS, cfg, length_reward, weights
 from transformers import AutoModelForCausalLM
 
 from comlrl.configs.policy import MAGRPOConfig
 from comlrl.errors import ConfigError
 from comlrl.trainers.base import FrozenLogprobs
 from comlrl.trainers.magrpo import MAGRPOTrainer
-
-ROWS = [{"prompt": f"Task {i}: say something."} for i in range(6)]
-
-
-def cfg(**kw):
-    base = dict(
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_new_tokens=6,
-        max_steps=2,
-        learning_rate=1e-2,
-        logging_steps=0,
-        disable_tqdm=True,
-    )
-    base.update(kw)
-    return MAGRPOConfig(**base)
-
-
-def length_reward(a, b):
-    return [float(len(b[0]) - len(a[0]))]
 
 
 def test_quickstart_runs_unchanged_apart_from_model_and_dataset(tiny_dir, shared_data, tmp_path, monkeypatch):
@@ -102,10 +83,6 @@ def test_agent_model_spelling_and_default_prompt_column(tiny_dir):
     assert t.num_agents == 2 and t.state["step"] == 1
     # agents are independent copies
     assert t.agents[0].model is not t.agents[1].model
-
-
-def weights(trainer):
-    return [torch.cat([p.detach().flatten() for p in a.model.parameters()]) for a in trainer.agents]
 
 
 def run(seed=1, trainer_cls=MAGRPOTrainer, **kw):
