@@ -360,36 +360,47 @@ def _run_team(
 
 
 def episode_records(episodes: Sequence[Any]) -> list[dict]:
-    """One record per row and joint answer of an evaluation's episodes (a trainer's ``last_eval_episodes``): ``row``,
-    ``sample``, ``reward``, its levels, ``tokens`` (generated for the joint answer) and ``completions``."""
-    from .rollout.episode import joint_indices
+    """One record per row and joint answer of an evaluation's episodes (a trainer's ``last_eval_episodes``), from the
+    first scored stage (the first turn's joint answers, under any topology): ``row``, ``sample``, ``reward``, its
+    levels, ``tokens`` and ``completions``. ``tokens``: generated (up to and including the first EOS) by the joint
+    answer's own samples at that stage, plus an even share of the row's other tokens (earlier stages of a chain,
+    later turns) over the row's joint answers."""
+    from .rollout.episode import joint_answers, joint_indices
 
     records = []
     for episode in episodes:
-        first, n = episode.turns[0], len(episode.turns[0].samples)
-        g = len(first.samples[0].texts) // len(first.nodes)
+        first = episode.scored[0]
+        n = len(first.samples)
+        acting = list(range(n)) if first.acting is None else list(first.acting)
+        g = len(first.samples[acting[0]].texts) // len(first.nodes)
         width = first.rewards.shape[1]
-        combos = joint_indices(n, g, "align" if width == g else "cross")
-        # generated tokens (up to and including the first EOS) of each agent's samples, per turn
+        combos = joint_indices(len(acting), g, "align" if width == g else "cross")
+        # generated tokens of each agent's samples, per stage
         lengths = [[t.samples[i].completion_mask.sum(dim=1).tolist() for i in range(n)] for t in episode.turns]
-        later: dict[int, float] = {}  # a row's tokens after the first turn, shared by its joint answers
-        for t, turn in enumerate(episode.turns[1:], start=1):
+        s = episode.turns.index(first)
+        other: dict[int, float] = {}  # a row's tokens at every other stage
+        for t, turn in enumerate(episode.turns):
             for m, node in enumerate(turn.nodes):
-                made = sum(sum(lengths[t][i][m * g : (m + 1) * g]) for i in range(n))
-                later[node.row_id] = later.get(node.row_id, 0.0) + made
+                made = sum(sum(lengths[t][i][m * g : (m + 1) * g]) for i in range(n)) if t != s else 0
+                other[node.row_id] = other.get(node.row_id, 0.0) + made
+        answers_of_row: dict[int, int] = {}
+        for node in first.nodes:
+            answers_of_row[node.row_id] = answers_of_row.get(node.row_id, 0) + width
+        numbered: dict[int, int] = {}  # a row's joint answers so far (a chain's row has several nodes at the stage)
         for m, node in enumerate(first.nodes):
             for j, combo in enumerate(combos):
-                completions = [first.samples[i].texts[m * g + combo[i]] for i in range(n)]
+                sample = numbered[node.row_id] = numbered.get(node.row_id, -1) + 1
+                made = float(sum(lengths[s][i][m * g + combo[p]] for p, i in enumerate(acting)))
+                shared = other[node.row_id] / answers_of_row[node.row_id]
                 levels = first.levels[m * width + j] if first.levels else {}
-                tokens = sum(lengths[0][i][m * g + combo[i]] for i in range(n)) + later.get(node.row_id, 0.0) / width
                 records.append(
                     {
                         "row": node.row_id,
-                        "sample": j,
+                        "sample": sample,
                         "reward": float(first.rewards[m, j]),
                         **{k: float(v) for k, v in levels.items()},
-                        "tokens": tokens,
-                        "completions": completions,
+                        "tokens": made + shared,
+                        "completions": joint_answers(node, first.samples, acting, m * g, combo),
                     }
                 )
     return records

@@ -19,6 +19,9 @@ end); actor-critic runs add
 ``OUT/critics.rank<r>.pt`` ({critic index: its trainable parameters} of the critics on that rank) and
 ``OUT/critic_rows.rank<r>.json`` (how many rows its critics ran forward: values and updates) and
 ``OUT/critic_dtypes.rank<r>.json`` (each critic's backbone dtype).
+
+``{"scenarios": {NAME: SPEC, ...}}`` runs several specs one after another in the same processes, each into
+``OUT/NAME``, which gets ``done.rank<r>`` when rank r finished it.
 """
 
 from __future__ import annotations
@@ -166,6 +169,21 @@ def run(out: str | Path, spec: dict) -> dict:
     return result
 
 
+def run_scenarios(out: str | Path, scenarios: dict[str, dict]) -> None:
+    """Run each ``{name: spec}`` in order, into ``out/name``; each rank marks a scenario it finished with
+    ``out/name/done.rank<r>``. The same processes (and process group) run them all: a launch's start-up is paid once
+    for several checks."""
+    rank = int(os.environ.get("RANK", 0))
+    for name, spec in scenarios.items():
+        print(f"rank {rank}: === scenario {name} ===", file=sys.stderr, flush=True)  # its traceback would follow
+        run(Path(out) / name, spec)
+        (Path(out) / name / f"done.rank{rank}").touch()
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as torchrun's workers (OMP_NUM_THREADS=1): same float reductions in every process
-    run(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
+    spec = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    if "scenarios" in spec:
+        run_scenarios(sys.argv[1], spec["scenarios"])
+    else:
+        run(sys.argv[1], spec)

@@ -82,22 +82,51 @@ def run_in_process(out: Path, spec: dict) -> Path:
     return out
 
 
-def cached_runs(root: Path, ref_spec: dict, dist_spec: dict) -> Callable[[str], Path]:
-    """``get(name)``: 'ref' runs ``ref_spec`` in this process, any other name ``dist_spec`` on 2 ranks; each once."""
-    cache: dict[str, Path] = {}
+def in_process_runs(root: Path, specs: dict[str, dict]) -> Callable[[str], Path]:
+    """``get(name)``: the single-process run of ``specs[name]`` into ``root/name``, run on first use only."""
+    done: dict[str, Path] = {}
 
     def get(name: str) -> Path:
-        if name not in cache:
-            out = root / name
-            if name == "ref":
-                run_in_process(out, ref_spec)
-            else:
-                rc, log, _ = torchrun(2, out, dist_spec)
-                assert rc == 0, log[-4000:]
-            cache[name] = out
-        return cache[name]
+        if name not in done:
+            done[name] = run_in_process(root / name, specs[name])
+        return done[name]
 
     return get
+
+
+class SharedLaunch:
+    """One torchrun job of ``nproc`` ranks that runs several scenarios ({name: dist_worker spec}) one after another,
+    each into ``root/name``: the start-up (imports, process group) is paid once. Started by the first scenario asked
+    for, after ``prepare(root)``; calling it with a name returns that scenario's folder, or fails naming the
+    scenario when a rank did not finish it."""
+
+    def __init__(
+        self, nproc: int, root: Path, scenarios: dict[str, dict], prepare: Callable[[Path], None] | None = None
+    ) -> None:
+        self.nproc, self.root, self.scenarios, self.prepare = nproc, root, scenarios, prepare
+        self.result: tuple[int, str, float] | None = None
+
+    def __call__(self, name: str) -> Path:
+        assert name in self.scenarios, f"no scenario {name!r} in this launch: {sorted(self.scenarios)}"
+        if self.result is None:
+            if self.prepare is not None:
+                self.prepare(self.root)
+            timeout = 150 + 90 * len(self.scenarios)  # a scenario takes 5-20 s on 2 idle cores
+            try:
+                self.result = torchrun(self.nproc, self.root, {"scenarios": self.scenarios}, timeout=timeout)
+            except subprocess.TimeoutExpired as e:  # recorded, so the other scenarios' tests do not wait again
+                out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""
+                self.result = (-1, f"{out}\n(torchrun timed out after {timeout} s)", timeout)
+        rc, log, _ = self.result
+        out = self.root / name
+        missing = [r for r in range(self.nproc) if not (out / f"done.rank{r}").is_file()]
+        if missing:
+            stopped = next(n for n in self.scenarios if not (self.root / n / f"done.rank{missing[0]}").is_file())
+            raise AssertionError(
+                f"scenario {name!r} of the {self.nproc}-rank launch did not finish on rank(s) {missing} "
+                f"(exit code {rc}; the job stopped in scenario {stopped!r}); the log ends:\n{log[-4000:]}"
+            )
+        return out
 
 
 def critic_params(out: Path) -> dict[int, list[list[torch.Tensor]]]:
@@ -110,33 +139,60 @@ def critic_params(out: Path) -> dict[int, list[list[torch.Tensor]]]:
 
 
 CLI_DRIVER = textwrap.dedent("""
-    import sys
+    import json, sys
+    from pathlib import Path
     sys.path.insert(0, {tests!r})
     import torch, toy_env
     torch.set_num_threads(1)
     toy_env.register()
     from comlrl.cli import main
-    sys.exit(main(sys.argv[1:]))
+    for name, argv in json.loads(sys.argv[1]).items():  # several runs, one after another, in the same processes
+        print(f"=== cli run {{name}} ===", file=sys.stderr, flush=True)
+        code = main(argv)
+        Path(sys.argv[2], f"{{name}}.rank{{torch.distributed.get_rank()}}.exit").write_text(str(code))
+        if code:
+            sys.exit(code)
 """)
+
+
+def cli_runs_under_torchrun(root: Path, runs: dict[str, dict]) -> tuple[Callable[[str], tuple[Path, str]], str]:
+    """``comlrl train`` of the toy env with a saved tiny model on 2 ranks, 2 steps, once per ``runs`` entry (name ->
+    {"sections": top-level config keys to replace, **more training fields}), all in one torchrun job. Returns
+    (``get(name)``: that run's folder and config path, failing with the log when it did not exit 0 on both ranks;
+    the job's log)."""
+    import toy_env
+    import yaml
+
+    tiny = root / "tiny"
+    tiny_model().save_pretrained(tiny)
+    tiny_tokenizer().save_pretrained(tiny)
+    rows = toy_env.write_rows(root / "rows.jsonl")
+    found, argvs = {}, {}
+    for name, fields in runs.items():
+        training = dict(fields)
+        sections = training.pop("sections", None)
+        cfg = toy_env.write_config(root / f"{name}.yaml", rows, str(tiny), max_steps=2, save_steps=2, **training)
+        if sections:
+            Path(cfg).write_text(yaml.safe_dump({**yaml.safe_load(Path(cfg).read_text()), **sections}))
+        found[name] = (root / name, cfg)
+        argvs[name] = ["train", cfg, "--set", f"output_dir={root / name}"]
+    driver = root / "driver.py"
+    driver.write_text(CLI_DRIVER.format(tests=str(TESTS)))
+    rc, log, _ = torchrun(2, root, {}, script=driver, args=[json.dumps(argvs), str(root)], timeout=150 + 90 * len(runs))
+
+    def get(name: str) -> tuple[Path, str]:
+        exits = [root / f"{name}.rank{r}.exit" for r in (0, 1)]
+        assert all(p.is_file() and p.read_text() == "0" for p in exits), (
+            f"cli run {name!r} did not exit 0 on both ranks (job exit code {rc}); the log ends:\n{log[-4000:]}"
+        )
+        return found[name]
+
+    return get, log
 
 
 def cli_under_torchrun(tmp_path: Path, sections: dict | None = None, **training) -> tuple[Path, str, str]:
     """``comlrl train`` of the toy env with a saved tiny model on 2 ranks, 2 steps (``training``: more training
     fields; ``sections``: top-level config keys to replace); returns (the run folder, the config's path, the log)."""
-    import toy_env
-
-    tiny = tmp_path / "tiny"
-    tiny_model().save_pretrained(tiny)
-    tiny_tokenizer().save_pretrained(tiny)
-    rows = toy_env.write_rows(tmp_path / "rows.jsonl")
-    cfg = toy_env.write_config(tmp_path / "toy.yaml", rows, str(tiny), max_steps=2, save_steps=2, **training)
-    if sections:
-        import yaml
-
-        Path(cfg).write_text(yaml.safe_dump({**yaml.safe_load(Path(cfg).read_text()), **sections}))
-    driver = tmp_path / "driver.py"
-    driver.write_text(CLI_DRIVER.format(tests=str(TESTS)))
-    run_dir = tmp_path / "run"
-    rc, log, _ = torchrun(2, tmp_path, {}, script=driver, args=["train", cfg, "--set", f"output_dir={run_dir}"])
-    assert rc == 0, log[-4000:]
+    get, log = cli_runs_under_torchrun(tmp_path, {"run": {"sections": sections, **training}})
+    run_dir, cfg = get("run")
     return run_dir, cfg, log

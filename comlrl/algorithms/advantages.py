@@ -6,7 +6,7 @@ Shapes: ``returns`` is ``(num_groups, G)``: one row per group of G sibling joint
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -145,21 +145,38 @@ def clip_rewards(rewards: list[torch.Tensor], clip: float | None) -> list[torch.
     return rewards if clip is None else [r.clamp(-clip, clip) for r in rewards]
 
 
-def tree_returns(rewards: list[torch.Tensor], children: list[torch.Tensor], discount: float) -> list[torch.Tensor]:
+def stage_discounts(discount: float | Sequence[float], stages: int) -> list[float]:
+    """One discount per stage: ``discount`` for every stage, or the list given (one per stage), the discount of the
+    returns that flow back from a stage's child nodes."""
+    if isinstance(discount, (int, float)):
+        return [float(discount)] * stages
+    out = [float(d) for d in discount]
+    if len(out) != stages:
+        raise ValueError(f"{len(out)} discounts for {stages} stages: give one per stage (or one number)")
+    return out
+
+
+def tree_returns(
+    rewards: list[torch.Tensor], children: list[torch.Tensor], discount: float | Sequence[float]
+) -> list[torch.Tensor]:
     """Returns over a multi-turn rollout tree: R = r + discount * mean(R of the child node's joint actions).
 
-    rewards[t]: (M_t, G) rewards of the G joint actions at each of the M_t nodes of turn t.
-    children[t]: (M_t, G) long, index of the child node at turn t+1, or -1 where the branch ended.
+    rewards[t]: (M_t, G) rewards of the G joint actions at each of the M_t nodes of stage t (a turn, or one stage of
+    a turn played in stages: :mod:`comlrl.rollout.topology`).
+    children[t]: (M_t, G) long, index of the child node at stage t+1, or -1 where the branch ended.
+    discount: one number, or one per stage (its children's returns' discount: 1 from a stage to the next stage of
+    its turn, the turn discount from a turn's last stage to the next turn).
     """
     if len(rewards) != len(children):
         raise ValueError("rewards and children need one entry per turn")
+    discounts = stage_discounts(discount, len(rewards))
     returns: list[torch.Tensor] = [r.clone() for r in rewards]
     for t in range(len(rewards) - 2, -1, -1):
         child = children[t]
         has_child = child >= 0
         if has_child.any():
             child_value = returns[t + 1].mean(dim=-1)  # (M_{t+1},)
-            returns[t][has_child] += discount * child_value[child[has_child]]
+            returns[t][has_child] += discounts[t] * child_value[child[has_child]]
     return returns
 
 
@@ -189,12 +206,13 @@ def tree_gae(
     values: list[torch.Tensor],
     children: list[torch.Tensor],
     *,
-    discount: float,
+    discount: float | Sequence[float],
     lam: float,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """GAE(lambda) over the multi-turn tree (Schulman et al. 2016), with V from *before* the critic update.
 
-    rewards[t], children[t]: (M_t, G) as in :func:`tree_returns`; values[t]: (M_t,) V(h) of each node.
+    rewards[t], children[t]: (M_t, G) as in :func:`tree_returns`; values[t]: (M_t,) V(h) of each node;
+    ``discount``: one number or one per stage, as in :func:`tree_returns`.
     delta = r + discount * V(child) - V(node)   (V(child) = 0 where the branch ended)
     A     = delta + discount * lam * mean_g' A(child, g')
     Returns (advantages[t], value targets[t] = A + V(node)), each (M_t, G).
@@ -203,6 +221,7 @@ def tree_gae(
     n = len(rewards)
     if not (len(values) == len(children) == n):
         raise ValueError("rewards, values and children need one entry per turn")
+    discounts = stage_discounts(discount, n)
     values = [v.to(r.dtype) for v, r in zip(values, rewards)]  # a bf16 critic's values: GAE in the rewards' fp32
     advantages: list[torch.Tensor] = [torch.zeros_like(r) for r in rewards]
     for t in range(n - 1, -1, -1):
@@ -213,8 +232,8 @@ def tree_gae(
         if t + 1 < n and has_child.any():
             v_next[has_child] = values[t + 1][child[has_child]]
             a_next[has_child] = advantages[t + 1].mean(dim=-1)[child[has_child]]
-        delta = rewards[t] + discount * v_next - values[t].unsqueeze(-1)
-        advantages[t] = delta + discount * lam * a_next
+        delta = rewards[t] + discounts[t] * v_next - values[t].unsqueeze(-1)
+        advantages[t] = delta + discounts[t] * lam * a_next
     targets = [a + v.unsqueeze(-1) for a, v in zip(advantages, values)]
     return advantages, targets
 

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import ConfigError
 from ..parallel.sharding import sharding_plan
+from ..rollout.topology import TOPOLOGIES, resolve_topology
 from .fields import config_class, help_field, suggest
 
 TERMINATION_SCOPES = ("branch", "node")
@@ -116,7 +117,11 @@ class TrainConfig:
         False, "Wrap each prompt as a user message with the tokenizer's chat template; a bool or one bool per agent."
     )
     # --- multi-turn ---
-    num_turns: int = help_field(1, "Turns per episode; > 1 needs an external_transition.")
+    num_turns: int = help_field(
+        1,
+        "Turns per episode; > 1 needs an external_transition, unless the topology shows each later turn answers of "
+        "the one before (debate, leader).",
+    )
     discount: float = help_field(0.9, "Discount of child returns in the multi-turn rollout tree.")
     termination_threshold: float | None = help_field(
         None, "Stop expanding a branch whose reward reaches this value (None = never; off by default)."
@@ -126,6 +131,17 @@ class TrainConfig:
         f"One of {TERMINATION_SCOPES}. 'branch': a joint action whose reward is >= termination_threshold gets no "
         "next turn; 'node': a node none of whose joint actions get a next turn once the mean reward of its joint "
         "actions is > termination_threshold (the reference library's early_termination_threshold).",
+    )
+    topology: str | dict | list = help_field(
+        "parallel",
+        f"Who sees whose answer, per turn: one of {TOPOLOGIES}, or a graph {{'same_turn': [[j, k], ...], "
+        "'previous_turn': [[j, k], ...], 'acting': [...]} ([j, k]: agent j's answer is shown in agent k's "
+        "prompt; same_turn edges must form a DAG), or a list of graphs, one per turn, the last repeating. A turn is "
+        "played in stages, the levels of its same_turn DAG; each stage's agents sample G per node. 'parallel': "
+        "independent answers; 'chain': agent k sees agents < k of the same turn (agent k samples G^(k+1) per row "
+        "in a tree); 'debate': from turn 2 every agent sees every answer of the previous turn; 'leader': agent 0 "
+        "plans, the others answer with the plan, then agent 0 alone answers with theirs, alternating. "
+        "See docs/topologies.md.",
     )
     format_transition_prompts: bool = help_field(
         False,
@@ -353,6 +369,7 @@ class TrainConfig:
         sharding_plan(self.fsdp, self.fsdp_config)  # raises a ConfigError naming a bad option or key
         self._check_choice("vllm_mode", VLLM_MODES)
         self._check_choice("termination_scope", TERMINATION_SCOPES)
+        resolve_topology(self.topology, getattr(self, "num_agents", None), field=f"{type(self).__name__}.topology")
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
 
@@ -397,6 +414,11 @@ class TrainConfig:
             (1 <= self.vllm_server_port <= 65535, "vllm_server_port", "must be a port in [1, 65535]"),
             (self.vllm_server_timeout > 0, "vllm_server_timeout", "must be > 0 seconds"),
         ]
+
+    def _refuse_topology(self, why: str) -> None:
+        """Raise unless ``topology`` is 'parallel' (or a graph that is): the trainer cannot play turns in stages."""
+        if not resolve_topology(self.topology, getattr(self, "num_agents", None)).is_parallel:
+            raise ConfigError(f"{type(self).__name__}.topology={self.topology!r}: {why}; use topology='parallel'.")
 
     def _check_all(self, checks: list[tuple[bool, str, str]]) -> None:
         """Raise for the first (ok, field name, why) whose ok is false, naming the field and its value."""

@@ -32,6 +32,7 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._refuse_topology("one model writes every role's answer in one completion, so no agent sees another's")
         name = type(self).__name__
         if self.num_roles is not None and self.num_roles < 1:
             raise ConfigError(f"{name}.num_roles={self.num_roles}: must be >= 1 (or None).")

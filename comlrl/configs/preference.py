@@ -45,6 +45,7 @@ class PreferenceConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_choice("preferences", PREFERENCE_SOURCES)
+        self._refuse_topology("the preference trainers pair joint answers of turns that every agent plays at once")
         self._check_choice("pair_selection", PAIR_SELECTIONS)
         self._check_all(
             [

@@ -98,6 +98,7 @@ class ProcessTeam(Protocol):
         autocast_dtype: Any = None,
         seed: int | None = None,
         generate_team: Callable[..., list[Samples]],
+        acting: list[int] | None = None,
     ) -> list[Samples]: ...
     def local_rows(self, batches: list, weights: list[torch.Tensor], num_generations: int) -> tuple[list, list]: ...
     def reduce_gradients(self, agent: Any, sums: dict[str, float]) -> dict[str, float]: ...
@@ -188,9 +189,14 @@ class LocalTeam:
         autocast_dtype: Any = None,
         seed: int | None = None,
         generate_team: Callable[..., list[Samples]],
+        acting: list[int] | None = None,
     ) -> list[Samples]:
-        """``generate_team`` on every node."""
-        return generate_team(agents, nodes, g, settings=settings, autocast_dtype=autocast_dtype, seed=seed)
+        """``generate_team`` on every node: the samples of every agent (``acting``: of those agents only)."""
+        if acting is None:
+            return generate_team(agents, nodes, g, settings=settings, autocast_dtype=autocast_dtype, seed=seed)
+        return generate_team(
+            agents, nodes, g, settings=settings, autocast_dtype=autocast_dtype, seed=seed, acting=acting
+        )
 
     def local_rows(self, batches: list, weights: list[torch.Tensor], num_generations: int) -> tuple[list, list]:
         return batches, weights
@@ -404,9 +410,13 @@ class DistTeam:
         autocast_dtype: Any = None,
         seed: int | None = None,
         generate_team: Callable[..., list[Samples]],
+        acting: list[int] | None = None,
     ) -> list[Samples]:
         """Generate this rank's agents on its replica's shard of ``nodes`` with ``generate_team`` (the loop's own,
-        :func:`comlrl.rollout.episode.generate_team`); return every agent's samples, all nodes."""
+        :func:`comlrl.rollout.episode.generate_team`); return every agent's samples, all nodes. ``acting``: only those
+        agents act (on every rank, the same), and only their samples are returned, in agent order."""
+        if acting is not None:  # this rank's acting agents; a rank none of whose agents act only gathers
+            agents = [a for a in agents if a.index in acting]
         mine: dict[int, tuple[Samples, int]] = {}
         # Sharded agents, on every rank of their mesh (rows or not): an engine with its own copy of the weights (vLLM)
         # receives them weight by weight; the others decode from the module, its full weights gathered meanwhile.
@@ -431,6 +441,8 @@ class DistTeam:
         gathered = self.all_gather(mine, "gather completions")
         team = []
         for i, ranks in enumerate(self.placement.ranks):
+            if acting is not None and i not in acting:
+                continue
             parts = [gathered[r][i] for r in ranks if i in gathered[r]]  # replica order = row order
             team.append(concat_samples([s for s, _ in parts], parts[0][1]))
         return team

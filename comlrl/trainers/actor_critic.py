@@ -217,9 +217,10 @@ class ActorCriticTrainer(MultiAgentTrainer):
         a = self.args
         rewards = clip_rewards([t.rewards for t in episode.turns], a.reward_clip)
         children = [t.children for t in episode.turns]
+        discounts = [a.discount if t.scored else 1.0 for t in episode.turns]  # 1 between the stages of a turn
         per_critic, batches = {}, []
         for critic, (node_values, batch) in zip(self.critics, self._values(episode)):
-            adv, targets = tree_gae(rewards, node_values, children, discount=a.discount, lam=a.gae_lambda)
+            adv, targets = tree_gae(rewards, node_values, children, discount=discounts, lam=a.gae_lambda)
             per_critic[critic.index] = [x.reshape(-1) for x in adv]
             q = a.critic_type == "q"
             batch.targets = torch.cat([t.reshape(-1, 1) if q else t for t in targets])
@@ -235,30 +236,36 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if adv is None:  # under torchrun: an agent (and its critic) on another rank
                 out.append([])
                 continue
-            if a.normalize_advantages:
+            acted = [t.acts(i) for t in episode.turns]  # a stage the agent did not act in: no advantages
+            adv = [x for x, on in zip(adv, acted) if on]
+            if a.normalize_advantages and adv:
                 flat = normalize(torch.cat(adv))
                 adv = list(torch.split(flat, [x.numel() for x in adv]))
-            out.append(adv)
+            mine = iter(adv)
+            out.append([next(mine) if on else torch.zeros(0) for on in acted])
         return out
 
     def _critic_texts(self, critic: Critic, episode: Episode) -> list[list[str]]:
-        """Texts per turn: one per node (V) or one per joint action (Q)."""
+        """Texts per stage: one per node (V) or one per joint action (Q). A centralized critic reads the acting
+        agents' prompts (and answers) at each stage, an agent's critic its agent's prompt at every node."""
         g = self.args.num_generations
         texts = []
         for turn in episode.turns:
+            acting = turn.agents(self.num_agents)
             if self.args.critic_type == "q":
-                combos = joint_indices(self.num_agents, g, "align")
+                combos = joint_indices(len(acting), g, "align")
                 texts.append(
                     [
                         joint_action_text(
-                            nd.prompts, [turn.samples[i].texts[m * g + c[i]] for i in range(self.num_agents)]
+                            [nd.prompts[i] for i in acting],
+                            [turn.samples[i].texts[m * g + c[p]] for p, i in enumerate(acting)],
                         )
                         for m, nd in enumerate(turn.nodes)
                         for c in combos
                     ]
                 )
             elif critic.reads is None:
-                texts.append([joint_state_text(nd.prompts) for nd in turn.nodes])
+                texts.append([joint_state_text([nd.prompts[i] for i in acting]) for nd in turn.nodes])
             else:
                 texts.append([nd.prompts[critic.reads] for nd in turn.nodes])
         return texts

@@ -39,9 +39,9 @@ from ..rollout.generation import VLLM, check_engine_available
 from ..rollout.protocol import AUTO, GenerationSettings, VLLMOptions
 from ..rollout.sampling import derive_seed
 from ..tracking import Tracker
-from .build import Team, build_formatters, build_team, check_batch_size, check_inputs, team_sources
+from .build import Team, build_formatters, build_team, check_batch_size, check_inputs, team_sources, team_topology
 from .contributions import add_contributions, check_contributions, contribution_metrics
-from .metrics import episode_metrics, mean_metrics, merge_evaluation
+from .metrics import episode_metrics, eval_samples, mean_metrics, merge_evaluation
 from .update import FrozenLogprobs, PolicyUpdate  # noqa: F401  (FrozenLogprobs re-exported)
 
 
@@ -59,7 +59,9 @@ class MultiAgentTrainer:
         formatters: one callable per agent (or one shared), dataset row -> prompt str.
         args: the trainer's config dataclass.
         external_transition: next prompts per agent for multi-turn training (contract:
-            :func:`comlrl.rollout.episode.transition`).
+            :func:`comlrl.rollout.transition.transition`).
+        topology_prompt: ``(prompt, visible, agent, turn, row) -> str``, an acting agent's prompt from its base prompt
+            and the answers it sees under ``args.topology`` (default :func:`comlrl.rollout.topology.compose_prompt`).
         eval_reward_func: reward for evaluate() (default: reward_func).
         **compat_keywords: the reference library's trainer keywords (model_config, wandb_config, eval_logger,
             eval_aggregator, metrics_callback, dataset_type), see :mod:`comlrl.compat.keywords`.
@@ -94,6 +96,7 @@ class MultiAgentTrainer:
         external_transition: Callable | None = None,
         eval_reward_func: Callable | None = None,
         peft_config: Any = None,
+        topology_prompt: Callable | None = None,
         **compat_keywords: Any,
     ) -> None:
         # a copy: resolving defaults (bf16) and per-rank settings never changes the caller's config
@@ -125,6 +128,7 @@ class MultiAgentTrainer:
         self.external_transition = external_transition
         if external_transition is not None and self.args.format_transition_prompts:
             self.external_transition = formatted_transition(external_transition, self.formatters)
+        self.topology, self.topology_prompt = team_topology(self.args, self.num_agents, self.hooks), topology_prompt
         self._check_dataset(train_dataset, "train_dataset")  # before any model loads
         if train_dataset is not None:
             check_batch_size(len(train_dataset), self.rows_per_rollout)
@@ -470,6 +474,8 @@ class MultiAgentTrainer:
             seed=seed,
             generate_fn=functools.partial(d.generate_team, generate_team=generate_team),
             run_once=d.run_once,
+            topology=own_field(self.args, "topology", "parallel"),
+            topology_prompt=getattr(self, "topology_prompt", None),  # a stand-in trainer without one: the default
         )
 
     # ------------------------------------------------------------------ metrics
@@ -514,6 +520,11 @@ class MultiAgentTrainer:
         if contributions is None:
             contributions = own_field(self.args, "eval_contributions", False)
         if contributions:
+            if not self.topology.is_parallel:
+                raise ConfigError(
+                    f"evaluate(contributions=True): contributions replace one agent's answer of a turn that every "
+                    f"agent plays at once, and topology={self.args.topology!r} shows answers to other agents."
+                )
             check_contributions(self)
         episodes, samples_out = [], []
         bar = tqdm(range(0, limit, batch_size), desc="eval", disable=self.args.disable_tqdm, leave=False)
@@ -530,22 +541,19 @@ class MultiAgentTrainer:
                 seed=seed,
             )
             episodes.append(ep)
-            bar.set_postfix(reward=f"{float(torch.cat([e.turns[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}")
-            first = ep.turns[0]
-            for m, node in enumerate(first.nodes):
-                samples_out.append(
-                    {
-                        "row": node.row_id,
-                        "prompts": node.prompts,
-                        "reward": float(first.rewards[m, 0]),
-                        "completions": [first.samples[i].texts[m * g] for i in range(self.num_agents)],
-                    }
-                )
+            bar.set_postfix(
+                reward=f"{float(torch.cat([e.scored[0].rewards.reshape(-1) for e in episodes]).mean()):.3f}"
+            )
+            samples_out.extend(eval_samples(ep, self.num_agents, g))
             if contributions:
-                add_contributions(self, ep, settings=settings, g=g, seed=seed, samples=samples_out[-len(first.nodes) :])
+                add_contributions(
+                    self, ep, settings=settings, g=g, seed=seed, samples=samples_out[-len(ep.turns[0].nodes) :]
+                )
         self.last_eval_samples = samples_out
         self.last_eval_episodes = episodes  # every sample, reward and level of the evaluation (comlrl.compare)
-        extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), num_turns=self.args.num_turns)
+        extras = {}
+        if self.topology.is_parallel:  # the reference's eval_logger reads turns every agent plays (see team_topology)
+            extras = eval_extras(self.hooks, *eval_paths(episodes, self.num_agents), num_turns=self.args.num_turns)
         extras = {**self.hooks.turn_metrics(episodes, self.args.num_turns), **extras}
         if contributions:
             extras.update(contribution_metrics([s["contribution"] for s in samples_out]))

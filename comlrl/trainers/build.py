@@ -21,6 +21,7 @@ from ..parallel.sharding import is_shard
 from ..rollout.agent import Agent, Formatter
 from ..rollout.episode import check_transition
 from ..rollout.sampling import derive_seed
+from ..rollout.topology import Topology, needs_transition, resolve_topology
 from ..tracking import fresh_output_dir
 
 log = logging.getLogger(__name__)
@@ -65,11 +66,33 @@ def check_inputs(
         raise ConfigError(f"num_agents={num_agents} disagrees with args.num_agents={args.num_agents}.")
     if reward_required and (reward_func is None or not callable(reward_func)):
         raise ConfigError("reward_func= is required: a callable (*agent_completions, **extras) -> list[float].")
-    if args.num_turns > 1 and external_transition is None:
-        raise ConfigError(f"num_turns={args.num_turns} needs external_transition= to build later turns' prompts.")
+    topology = getattr(args, "topology", "parallel")
+    if args.num_turns > 1 and external_transition is None and needs_transition(topology, args.num_turns):
+        raise ConfigError(
+            f"num_turns={args.num_turns} needs external_transition= to build later turns' prompts"
+            + (
+                "."
+                if topology == "parallel"
+                else f" (topology={topology!r} shows no answer of a turn in the next one)."
+            )
+        )
     if external_transition is not None:
         check_transition(external_transition)
     return (model if model is not None else agent_model), (num_agents if num_agents is not None else args.num_agents)
+
+
+def team_topology(args: Any, num_agents: int, hooks: Any) -> Topology:
+    """``args.topology`` resolved for a team of ``num_agents``, refused with the reference library's hooks
+    (``hooks``: :class:`comlrl.compat.keywords.CompatHooks`), which read turns in which every agent answers."""
+    field = f"{type(args).__name__}.topology"
+    value = getattr(args, "topology", "parallel")
+    topology = resolve_topology(value, num_agents, field=field)
+    if not topology.is_parallel and (hooks.compat_style or hooks.eval_logger or hooks.metrics_callback):
+        raise ConfigError(
+            f"{field}={value!r}: the reference library's hooks (compat-style configs, eval_logger, metrics_callback) "
+            "read turns in which every agent answers; use topology='parallel' with them."
+        )
+    return topology
 
 
 def source_groups(sources: list, devices: Sequence[Any] | None = None) -> list[int]:

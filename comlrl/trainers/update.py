@@ -92,12 +92,15 @@ class PolicyUpdate:
         for group in self._update_groups():
             data = {}  # agent index -> (batches, weights, the chunks' frozen log-probs, tokens the loss weighs)
             for agent in group:
-                batches = [
-                    (turn.samples[agent.index], adv[agent.index][t])
-                    for ep, adv in buffer
+                # the stages the agent acted in: under a topology it samples at one stage of each turn it plays
+                acted = [
+                    ((r, turn.turn), (turn.samples[agent.index], adv[agent.index][t]))
+                    for r, (ep, adv) in enumerate(buffer)
                     for t, turn in enumerate(ep.turns)
+                    if turn.acts(agent.index)
                 ]
-                weights = self.token_weights(buffer, [s for s, _ in batches])
+                batches = [b for _, b in acted]
+                weights = self.token_weights(buffer, [s for s, _ in batches], keys=[k for k, _ in acted])
                 tokens = sum(float((w > 0).sum()) for w in weights)  # the step's, before the replicas split it
                 # data parallel: this replica's rows, the whole step's normalizer
                 batches, weights = self.dist.local_rows(batches, weights, self.args.num_generations)
@@ -105,18 +108,14 @@ class PolicyUpdate:
             per_iteration: list[dict[int, dict[str, float]]] = []
             for it in range(self.args.num_iterations):
                 start = time.perf_counter()
-                if len(group) > 1:
+                if len(group) > 1 and same_rows([data[a.index][0] for a in group]):
                     metric_sums = self._accumulate_team(group, data, it)
-                else:
-                    agent = group[0]
+                else:  # one agent, or agents that sampled at different stages (a topology): each alone
                     metric_sums = {
-                        agent.index: self._accumulate_agent(
-                            agent,
-                            *data[agent.index][:2],
-                            frozen=data[agent.index][2],
-                            iteration=it,
-                            tokens=data[agent.index][3],
+                        a.index: self._accumulate_agent(
+                            a, *data[a.index][:2], frozen=data[a.index][2], iteration=it, tokens=data[a.index][3]
                         )
+                        for a in group
                     }
                 # sum the replicas' gradients: together they are the full-batch gradient
                 metric_sums = {a.index: self.dist.reduce_gradients(a, metric_sums[a.index]) for a in group}
@@ -141,12 +140,16 @@ class PolicyUpdate:
             release_freed_memory()
         return self.dist.merge_metrics(metrics)  # every agent's metrics on every rank
 
-    def token_weights(self, buffer: list[tuple[Episode, Any]], samples: list[Any]) -> list[torch.Tensor]:
+    def token_weights(
+        self, buffer: list[tuple[Episode, Any]], samples: list[Any], keys: list[tuple[int, int]] | None = None
+    ) -> list[torch.Tensor]:
         """Loss weights of one agent's batches of a step (one per buffered rollout and turn, in that order): the
         ``loss_type`` normalization, within each turn with ``turn_weighting='turns'``, within each rollout for bnpo;
-        truncated completions weigh 0 with ``mask_truncated_completions``."""
+        truncated completions weigh 0 with ``mask_truncated_completions``. ``keys``: (rollout, turn) of each batch
+        (default: every stage of every buffered rollout, its index as the turn)."""
         a = self.args
-        keys = [(r, t) for r, (ep, _) in enumerate(buffer) for t in range(len(ep.turns))]
+        if keys is None:
+            keys = [(r, t) for r, (ep, _) in enumerate(buffer) for t in range(len(ep.turns))]
         masks = [s.completion_mask for s in samples]
         if a.mask_truncated_completions:
             masks = [m * ~s.truncated[:, None] for m, s in zip(masks, samples)]
@@ -433,3 +436,10 @@ def optimizer_step(
     optimizer.zero_grad(set_to_none=True)
     lr = scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"]
     return OptimizerStep(norm, lr)
+
+
+def same_rows(batches: list[list[tuple[Any, torch.Tensor]]]) -> bool:
+    """Whether several agents' batches (one list of (samples, advantages) per agent) have the same number of rows
+    batch by batch, so that their chunks can run as one routed forward."""
+    rows = [[s.completion_ids.shape[0] for s, _ in b] for b in batches]
+    return all(r == rows[0] for r in rows)

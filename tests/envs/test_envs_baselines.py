@@ -65,14 +65,18 @@ def test_prompt_wiring():
     run_baseline(env, "sequential", generate=gen, rows=ROWS)
     (a0, p0), (a1, p1) = gen.calls
     assert (a0, a1) == (0, 1) and p0 == [concise_fmt(r) for r in ROWS]
-    assert p1[0].startswith(detailed_fmt(ROWS[0])) and CONCISE in p1[0] and "agent 1" in p1[0]
+    # the chain topology's composition: agent 0's answer under a header naming it
+    assert p1[0] == f"{detailed_fmt(ROWS[0]).rstrip()}\n\nAgent 1's answer (this turn):\n{CONCISE}"
 
     gen = FakeGenerator()
     run_baseline(env, "discussion", generate=gen, rows=ROWS)
     first0, first1, second0, second1 = gen.calls
     assert first0 == (0, [concise_fmt(r) for r in ROWS]) and first1 == (1, [detailed_fmt(r) for r in ROWS])
-    assert second0[0] == 0 and "Your first draft:\n" + CONCISE in second0[1][0] and DETAILED in second0[1][0]
-    assert second1[0] == 1 and "Your first draft:\n" + DETAILED in second1[1][0] and CONCISE in second1[1][0]
+    # the debate topology's second turn: every agent's first answer, its own included
+    shown = f"Your answer (previous turn):\n{CONCISE}\n\nAgent 2's answer (previous turn):\n{DETAILED}"
+    assert second0 == (0, [f"{concise_fmt(r).rstrip()}\n\n{shown}" for r in ROWS])
+    shown = f"Agent 1's answer (previous turn):\n{CONCISE}\n\nYour answer (previous turn):\n{DETAILED}"
+    assert second1 == (1, [f"{detailed_fmt(r).rstrip()}\n\n{shown}" for r in ROWS])
 
 
 def test_custom_token_counter_and_errors():

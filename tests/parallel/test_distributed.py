@@ -21,12 +21,13 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_tokenizer
 from torchrun_jobs import (
+    SharedLaunch,
     agent_weights,
     assert_same_weights,
-    cached_runs,
     cli_under_torchrun,
     critic_params,
     history,
+    in_process_runs,
     run_in_process,
     torchrun,
 )
@@ -42,6 +43,14 @@ DP_ATOL = 5e-5  # 0.5% of one lr=1e-2 step; see the module docstring
 # Every run below trains the same 4 steps (checkpoints do not change them): 2 turns, 3 prompts per step (then 2,
 # at the end of the 8-row epoch), so replica shards are uneven (2 + 1 nodes) and later turns are sharded too.
 SPEC = {"max_steps": 4, "save_steps": 2, "num_turns": 2, "per_device_train_batch_size": 3}
+LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+# The 2-rank runs compared with one process; one launch runs them all (runs_2 below).
+SCENARIOS = {
+    "ap": SPEC,
+    "lora": {"max_steps": 3, "lora": LORA},
+    "iac": {**SPEC, "trainer": "iac", "critic_learning_rate": 1e-2},
+    "maac": {**SPEC, "trainer": "maac", "critic_type": "q", "critic_learning_rate": 1e-2},
+}
 
 
 # --- placement and sharding (no processes) -------------------------------------------------------
@@ -172,13 +181,27 @@ def test_nproc_execs_torchrun(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Lazily computed runs shared by the tests: 'ref' (one process, in-process) and 'ap' (2 ranks)."""
-    return cached_runs(tmp_path_factory.mktemp("dist"), SPEC, SPEC)
+def refs(tmp_path_factory):
+    """The single-process runs of SCENARIOS, each computed when first asked for."""
+    return in_process_runs(tmp_path_factory.mktemp("ref"), SCENARIOS)
 
 
-def test_agent_parallel_two_ranks_equal_single_process(runs):
-    ref, ap = runs("ref"), runs("ap")
+@pytest.fixture(scope="module")
+def runs_2(tmp_path_factory):
+    """SCENARIOS on 2 ranks, plus 'maac_path' (a bf16 LoRA MAAC team loaded from a saved model): one torchrun job,
+    started when a test first asks for one of them."""
+    root = tmp_path_factory.mktemp("dist")
+    spec = {"trainer": "maac", "max_steps": 1, "model_dir": str(root / "tiny"), "lora": LORA, "bf16": True}
+
+    def save_tiny(root):
+        tiny_model().save_pretrained(root / "tiny")
+        tiny_tokenizer().save_pretrained(root / "tiny")
+
+    return SharedLaunch(2, root, {**SCENARIOS, "maac_path": spec}, prepare=save_tiny)
+
+
+def test_agent_parallel_two_ranks_equal_single_process(refs, runs_2):
+    ref, ap = refs("ap"), runs_2("ap")
     got = agent_weights(ap)
     assert {i: len(s) for i, s in got.items()} == {0: 1, 1: 1}  # one agent per rank, nothing loaded twice
     assert_same_weights(agent_weights(ref), got)  # bitwise
@@ -192,21 +215,17 @@ def test_agent_parallel_two_ranks_equal_single_process(runs):
     assert (ckpt / "rng_state.rank1.pt").is_file()
 
 
-def test_lora_team_split_across_ranks_equals_single_process(tmp_path):
+def test_lora_team_split_across_ranks_equals_single_process(refs, runs_2):
     """One process: both adapters on one shared base; two ranks: one base + one adapter each. Bitwise equal."""
-    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
-    spec = {"max_steps": 3, "lora": lora}
-    run_in_process(tmp_path / "ref", spec)
-    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
-    assert rc == 0, log[-4000:]
-    got = agent_weights(tmp_path / "ap")
+    ref, ap = refs("lora"), runs_2("lora")
+    got = agent_weights(ap)
     assert all(".agent_%d." % i in k for i, states in got.items() for k in states[0])  # each rank: its own adapter
-    assert_same_weights(agent_weights(tmp_path / "ref"), got)
-    assert history(tmp_path / "ap") == history(tmp_path / "ref")
+    assert_same_weights(agent_weights(ref), got)
+    assert history(ap) == history(ref)
 
 
-def test_data_parallel_two_agents_by_two_replicas_equal_single_process(runs, tmp_path):
-    ref = runs("ref")
+def test_data_parallel_two_agents_by_two_replicas_equal_single_process(refs, tmp_path):
+    ref = refs("ap")
     rc, log, _ = torchrun(4, tmp_path, SPEC)
     assert rc == 0, log[-4000:]
     got = agent_weights(tmp_path)
@@ -223,15 +242,15 @@ def test_data_parallel_two_agents_by_two_replicas_equal_single_process(runs, tmp
     assert checkpoint.verify(ckpt) is None
 
 
-def test_dead_rank_stops_the_job_and_the_run_resumes_to_the_same_weights(runs, tmp_path):
+def test_dead_rank_stops_the_job_and_the_run_resumes_to_the_same_weights(runs_2, tmp_path):
     rc, log, seconds = torchrun(2, tmp_path, {**SPEC, "die_at": [1, 3]})
     assert rc != 0 and seconds < 120, log[-3000:]
     assert "dying at step 3" in log and "exitcode  : 1" in log and "rank      : 1" in log  # torchrun names the rank
     assert [s for s, _ in checkpoint.checkpoints(tmp_path / "run")] == [2]
     rc, log, _ = torchrun(2, tmp_path, {**SPEC, "resume": True})
     assert rc == 0, log[-4000:]
-    assert_same_weights(agent_weights(runs("ap")), agent_weights(tmp_path))  # bitwise, as uninterrupted
-    assert history(tmp_path) == history(runs("ap"))
+    assert_same_weights(agent_weights(runs_2("ap")), agent_weights(tmp_path))  # bitwise, as uninterrupted
+    assert history(tmp_path) == history(runs_2("ap"))
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
 
@@ -265,23 +284,21 @@ def test_cli_under_torchrun_writes_each_file_once(tmp_path):
 # --- actor-critic under torchrun -----------------------------------------------------------------
 
 
-def test_iac_critics_live_with_their_agents_and_resume_bitwise(tmp_path):
+def test_iac_critics_live_with_their_agents_and_resume_bitwise(refs, runs_2, tmp_path):
     """IAC on 2 ranks: each rank holds one agent and that agent's critic; actors, critics and metrics are bitwise
     those of one process, the checkpoint holds both critics in one critics.pt, and a run killed at step 3
     resumes to the same weights."""
-    spec = {**SPEC, "trainer": "iac", "critic_learning_rate": 1e-2}
-    ref = run_in_process(tmp_path / "ref", spec)
-    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
-    assert rc == 0, log[-4000:]
-    got = critic_params(tmp_path / "ap")
+    spec = SCENARIOS["iac"]
+    ref, ap = refs("iac"), runs_2("iac")
+    got = critic_params(ap)
     assert {i: len(c) for i, c in got.items()} == {0: 1, 1: 1}  # one critic per rank, with its agent
-    assert sorted(torch.load(tmp_path / "ap" / "critics.rank1.pt")) == [1]
+    assert sorted(torch.load(ap / "critics.rank1.pt")) == [1]
     for i, copies in got.items():
         assert all(torch.equal(a, b) for a, b in zip(copies[0], critic_params(ref)[i][0])), i
-    assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "ap"))
-    assert history(tmp_path / "ap") == history(ref)
-    assert "critic/1/value_loss" in history(tmp_path / "ap")[-1]  # rank 1's critic reaches rank 0's metrics
-    ckpt = tmp_path / "ap" / "run" / "checkpoint-4"
+    assert_same_weights(agent_weights(ref), agent_weights(ap))
+    assert history(ap) == history(ref)
+    assert "critic/1/value_loss" in history(ap)[-1]  # rank 1's critic reaches rank 0's metrics
+    ckpt = ap / "run" / "checkpoint-4"
     assert checkpoint.verify(ckpt) is None and not list(ckpt.glob("critics.rank*"))
     saved = torch.load(ckpt / "critics.pt", weights_only=False)
     assert len(saved) == 2 and all(torch.equal(a, b) for a, b in zip(saved[1]["params"], got[1][0]))
@@ -295,31 +312,29 @@ def test_iac_critics_live_with_their_agents_and_resume_bitwise(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(copies[0], got[i][0])), i
 
 
-def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_one_process(tmp_path):
+def test_maac_critic_is_data_parallel_on_every_rank_and_its_checkpoint_loads_in_one_process(refs, runs_2, tmp_path):
     """MAAC (Q critic) on 2 ranks: the centralized critic has a copy on each rank, each copy values and updates on
     its half of the rows (values exchanged, gradients summed), so the copies stay bitwise equal and match one process to float reassociation.
     A torchrun checkpoint resumes in one process."""
     import shutil
 
-    spec = {**SPEC, "trainer": "maac", "critic_type": "q", "critic_learning_rate": 1e-2}
-    ref = run_in_process(tmp_path / "ref", spec)
-    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
-    assert rc == 0, log[-4000:]
-    copies = critic_params(tmp_path / "ap")[0]
+    spec = SCENARIOS["maac"]
+    ref, ap = refs("maac"), runs_2("maac")
+    copies = critic_params(ap)[0]
     assert len(copies) == 2 and all(torch.equal(a, b) for a, b in zip(*copies))
-    rows = [json.loads((tmp_path / "ap" / f"critic_rows.rank{r}.json").read_text()) for r in (0, 1)]
+    rows = [json.loads((ap / f"critic_rows.rank{r}.json").read_text()) for r in (0, 1)]
     assert rows[0] + rows[1] == json.loads((ref / "critic_rows.rank0.json").read_text())  # each copy: its shard only
     for a, b in zip(copies[0], critic_params(ref)[0][0]):
         torch.testing.assert_close(a, b, atol=DP_ATOL, rtol=0)
-    assert_same_weights(agent_weights(ref), agent_weights(tmp_path / "ap"), atol=DP_ATOL)
-    for mine, theirs in zip(history(tmp_path / "ap"), history(ref)):
+    assert_same_weights(agent_weights(ref), agent_weights(ap), atol=DP_ATOL)
+    for mine, theirs in zip(history(ap), history(ref)):
         assert mine.keys() == theirs.keys()
         for k in theirs:
             assert mine[k] == pytest.approx(theirs[k], rel=1e-4, abs=1e-6), k
     # one process continues the torchrun run from its step-2 checkpoint
     single = tmp_path / "single"
     (single / "run").mkdir(parents=True)
-    shutil.copytree(tmp_path / "ap" / "run" / "checkpoint-2", single / "run" / "checkpoint-2")
+    shutil.copytree(ap / "run" / "checkpoint-2", single / "run" / "checkpoint-2")
     run_in_process(single, {**spec, "resume": True})
     for a, b in zip(critic_params(single)[0][0], critic_params(ref)[0][0]):
         torch.testing.assert_close(a, b, atol=DP_ATOL, rtol=0)
@@ -342,15 +357,9 @@ def test_gradient_buckets_coalesce_small_tensors_in_order():
     assert grad_buckets([]) == []
 
 
-def test_maac_critic_built_from_a_path_on_a_rank_without_agent_0_matches_agent_0s_rank(tmp_path):
+def test_maac_critic_built_from_a_path_on_a_rank_without_agent_0_matches_agent_0s_rank(runs_2):
     """A LoRA team in bf16 stores its bases in bf16; rank 1 (agent 1 only) loads agent 0's source for the
     centralized critic itself and must store it the same way as rank 0's copy of agent 0's model."""
-    tiny = tmp_path / "tiny"
-    tiny_model().save_pretrained(tiny)
-    tiny_tokenizer().save_pretrained(tiny)
-    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
-    spec = {"trainer": "maac", "max_steps": 1, "model_dir": str(tiny), "lora": lora, "bf16": True}
-    rc, log, _ = torchrun(2, tmp_path / "ap", spec)
-    assert rc == 0, log[-4000:]
-    dtypes = [json.loads((tmp_path / "ap" / f"critic_dtypes.rank{r}.json").read_text()) for r in (0, 1)]
+    ap = runs_2("maac_path")
+    dtypes = [json.loads((ap / f"critic_dtypes.rank{r}.json").read_text()) for r in (0, 1)]
     assert dtypes == [{"0": "torch.bfloat16"}, {"0": "torch.bfloat16"}]

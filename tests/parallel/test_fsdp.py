@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 from torchrun_jobs import (
+    SharedLaunch,
     agent_weights,
     assert_same_weights,
-    cached_runs,
-    cli_under_torchrun,
+    cli_runs_under_torchrun,
     critic_params,
     history,
+    in_process_runs,
     run_in_process,
     torchrun,
 )
@@ -38,6 +39,35 @@ BASE = {"max_steps": 4, "save_steps": 2, "num_turns": 2, "per_device_train_batch
 BOTH_ON_2 = {"0": [0, 1], "1": [0, 1]}  # each agent on both ranks: sharded over them
 SHARDED = {**BASE, "fsdp": "full_shard", "placement": BOTH_ON_2}
 LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+ON_4 = {"0": [0, 1, 2, 3], "1": [0, 1, 2, 3]}  # each agent on all 4 ranks
+LORA_SPEC = {**BASE, "max_steps": 3, "num_turns": 1, "lora": LORA}
+CKPT_SPEC = {**BASE, "max_steps": 2, "num_turns": 1}
+MAAC_SPEC = {**BASE, "num_turns": 1, "trainer": "maac"}
+# One process: the references the sharded runs are compared with.
+REFS = {
+    "base": BASE,
+    "lora": LORA_SPEC,
+    "activation_checkpointing": {**CKPT_SPEC, "gradient_checkpointing": True},
+    "maac": MAAC_SPEC,
+}
+# 2 ranks, one launch: both agents (and MAAC's critic) sharded over the two ranks.
+ON_2_RANKS = {
+    "sharded": SHARDED,
+    "lora": {**LORA_SPEC, "fsdp": "full_shard", "placement": BOTH_ON_2},
+    "activation_checkpointing": {
+        **CKPT_SPEC,
+        "fsdp": "full_shard",
+        "placement": BOTH_ON_2,
+        "fsdp_config": {"activation_checkpointing": True},
+    },
+    "maac": {**MAAC_SPEC, "fsdp": "full_shard", "placement": BOTH_ON_2},
+}
+# 4 ranks, one launch; 'resumed' continues the 2-rank 'sharded' run from its step-2 checkpoint.
+ON_4_RANKS = {
+    "shards": {**BASE, "fsdp": "full_shard"},  # default placement: 2 ranks each
+    "hybrid": {**BASE, "fsdp": "hybrid_shard", "fsdp_config": {"hybrid_shard_size": 2}, "placement": ON_4},
+    "resumed": {**SHARDED, "placement": ON_4, "resume": True},
+}
 
 
 # --- the plan (no processes) ----------------------------------------------------------------------
@@ -177,9 +207,26 @@ def test_clip_grad_norm_over_whole_tensors_by_hand():
 
 
 @pytest.fixture(scope="module")
+def refs(tmp_path_factory):
+    """REFS in one process, each computed when first asked for."""
+    return in_process_runs(tmp_path_factory.mktemp("ref"), REFS)
+
+
+@pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Lazily computed runs shared by the tests: 'ref' (one process) and 'sharded' (2 ranks, both agents sharded)."""
-    return cached_runs(tmp_path_factory.mktemp("fsdp"), BASE, SHARDED)
+    """ON_2_RANKS: one torchrun job, started when a test first asks for one of them."""
+    return SharedLaunch(2, tmp_path_factory.mktemp("fsdp2"), ON_2_RANKS)
+
+
+@pytest.fixture(scope="module")
+def runs_4(tmp_path_factory, runs):
+    """ON_4_RANKS: one torchrun job, after the 2-rank one ('resumed' starts from a copy of its 'sharded' run)."""
+
+    def copy_step_2(root: Path) -> None:
+        shutil.copytree(runs("sharded") / "run", root / "resumed" / "run")
+        shutil.rmtree(root / "resumed" / "run" / "checkpoint-4")
+
+    return SharedLaunch(4, tmp_path_factory.mktemp("fsdp4"), ON_4_RANKS, prepare=copy_step_2)
 
 
 def _same_samples(got: Path, ref: Path) -> None:
@@ -196,8 +243,8 @@ def _bytes(out: Path) -> dict[int, list[dict]]:
     return found
 
 
-def test_two_ranks_sharding_both_agents_equal_one_process_and_hold_half(runs):
-    ref, got = runs("ref"), runs("sharded")
+def test_two_ranks_sharding_both_agents_equal_one_process_and_hold_half(refs, runs):
+    ref, got = refs("base"), runs("sharded")
     weights = agent_weights(got)
     assert {i: len(s) for i, s in weights.items()} == {0: 2, 1: 2}  # both agents on both ranks
     assert_same_weights(agent_weights(ref), weights, atol=FSDP_ATOL)
@@ -238,99 +285,92 @@ def test_sigkilled_sharded_run_resumes_bitwise(runs, tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [1, 4])
-def test_two_rank_checkpoint_resumes_on_one_process_and_on_four_ranks(runs, tmp_path, ranks):
+def test_two_rank_checkpoint_resumes_on_one_process_and_on_four_ranks(runs, runs_4, tmp_path, ranks):
     """DCP reshards: the 2-rank step-2 checkpoint continues in one process (whole agents) or sharded over 4 ranks."""
-    shutil.copytree(runs("sharded") / "run", tmp_path / "run")
-    shutil.rmtree(tmp_path / "run" / "checkpoint-4")
     if ranks == 1:
-        run_in_process(tmp_path, {**BASE, "resume": True})
+        shutil.copytree(runs("sharded") / "run", tmp_path / "run")
+        shutil.rmtree(tmp_path / "run" / "checkpoint-4")
+        resumed = run_in_process(tmp_path, {**BASE, "resume": True})
     else:
-        rc, log, _ = torchrun(
-            4, tmp_path, {**SHARDED, "placement": {"0": [0, 1, 2, 3], "1": [0, 1, 2, 3]}, "resume": True}
-        )
-        assert rc == 0, log[-4000:]
-    got = agent_weights(tmp_path)
+        resumed = runs_4("resumed")
+    got = agent_weights(resumed)
     assert {i: len(s) for i, s in got.items()} == {0: ranks, 1: ranks}
     assert_same_weights(agent_weights(runs("sharded")), got, atol=FSDP_ATOL)
-    assert history(tmp_path)[:2] == history(runs("sharded"))[:2]  # the checkpoint's steps, restored
-    _same_samples(tmp_path, runs("sharded"))
+    assert history(resumed)[:2] == history(runs("sharded"))[:2]  # the checkpoint's steps, restored
+    _same_samples(resumed, runs("sharded"))
 
 
-def test_four_ranks_two_agents_by_two_shards_and_hybrid_two_by_two(runs, tmp_path):
-    ref = agent_weights(runs("ref"))
-    rc, log, _ = torchrun(4, tmp_path / "shards", {**BASE, "fsdp": "full_shard"})  # default placement: 2 ranks each
-    assert rc == 0, log[-4000:]
-    assert_same_weights(ref, agent_weights(tmp_path / "shards"), atol=FSDP_ATOL)
-    assert {i: len(s) for i, s in _bytes(tmp_path / "shards").items()} == {0: 2, 1: 2}  # ranks (0, 2) and (1, 3)
-    hybrid = {
-        **BASE,
-        "fsdp": "hybrid_shard",
-        "fsdp_config": {"hybrid_shard_size": 2},
-        "placement": {"0": [0, 1, 2, 3], "1": [0, 1, 2, 3]},
-    }
-    rc, log, _ = torchrun(4, tmp_path / "hybrid", hybrid)
-    assert rc == 0, log[-4000:]
-    assert_same_weights(ref, agent_weights(tmp_path / "hybrid"), atol=FSDP_ATOL)
-    _same_samples(tmp_path / "hybrid", runs("ref"))
-    held = _bytes(tmp_path / "hybrid")[0]
-    whole = _bytes(runs("ref"))[0][0]["params"]
+def test_four_ranks_two_agents_by_two_shards_and_hybrid_two_by_two(refs, runs, runs_4):
+    ref = agent_weights(refs("base"))
+    shards = runs_4("shards")
+    assert_same_weights(ref, agent_weights(shards), atol=FSDP_ATOL)
+    assert {i: len(s) for i, s in _bytes(shards).items()} == {0: 2, 1: 2}  # ranks (0, 2) and (1, 3)
+    hybrid = runs_4("hybrid")
+    assert_same_weights(ref, agent_weights(hybrid), atol=FSDP_ATOL)
+    _same_samples(hybrid, refs("base"))
+    held = _bytes(hybrid)[0]
+    whole = _bytes(refs("base"))[0][0]["params"]
     assert sorted(s["params"] for s in held) == sorted([s["params"] for s in _bytes(runs("sharded"))[0]] * 2)
     assert held[0]["params"] + held[1]["params"] == whole  # sharded in 2, replicated in 2: half on every rank
 
 
-def test_lora_adapters_train_on_a_sharded_base_as_in_one_process(tmp_path):
-    spec = {**BASE, "max_steps": 3, "num_turns": 1, "lora": LORA}
-    run_in_process(tmp_path / "ref", spec)
-    rc, log, _ = torchrun(2, tmp_path / "sharded", {**spec, "fsdp": "full_shard", "placement": BOTH_ON_2})
-    assert rc == 0, log[-4000:]
-    got = agent_weights(tmp_path / "sharded")
+def test_lora_adapters_train_on_a_sharded_base_as_in_one_process(refs, runs):
+    ref, sharded = refs("lora"), runs("lora")
+    got = agent_weights(sharded)
     assert {i: len(s) for i, s in got.items()} == {0: 2, 1: 2}
     assert all(".agent_%d." % i in k for i, states in got.items() for k in states[0])  # adapters, replicated
-    assert_same_weights(agent_weights(tmp_path / "ref"), got, atol=FSDP_ATOL)
-    _same_samples(tmp_path / "sharded", tmp_path / "ref")
-    held, whole = _bytes(tmp_path / "sharded")[0][0], _bytes(tmp_path / "ref")[0][0]
+    assert_same_weights(agent_weights(ref), got, atol=FSDP_ATOL)
+    _same_samples(sharded, ref)
+    held, whole = _bytes(sharded)[0][0], _bytes(ref)[0][0]
     assert held["params"] < whole["params"]  # the frozen base is sharded; each rank holds half of it
 
 
-def test_activation_checkpointing_composes_with_sharding(tmp_path):
+def test_activation_checkpointing_composes_with_sharding(refs, runs):
     """fsdp_config.activation_checkpointing (= gradient_checkpointing): backward recomputes each layer's forward,
     which gathers its shards again; the update is one process's with checkpointing (measured 1.6e-6)."""
-    spec = {**BASE, "max_steps": 2, "num_turns": 1, "gradient_checkpointing": True}
-    run_in_process(tmp_path / "ref", spec)
-    sharded = {**BASE, "max_steps": 2, "num_turns": 1, "fsdp": "full_shard", "placement": BOTH_ON_2}
-    rc, log, _ = torchrun(2, tmp_path / "sharded", {**sharded, "fsdp_config": {"activation_checkpointing": True}})
-    assert rc == 0, log[-4000:]
-    assert_same_weights(agent_weights(tmp_path / "ref"), agent_weights(tmp_path / "sharded"), atol=FSDP_ATOL)
-    assert all(json.loads(p.read_text())["checkpointing"] for p in (tmp_path / "sharded").glob("bytes.rank*.json"))
+    ref, sharded = refs("activation_checkpointing"), runs("activation_checkpointing")
+    assert_same_weights(agent_weights(ref), agent_weights(sharded), atol=FSDP_ATOL)
+    held = [json.loads(p.read_text()) for p in sharded.glob("bytes.rank*.json")]
+    assert len(held) == 2 and all(h["checkpointing"] for h in held)
 
 
-def test_maac_critic_is_sharded_over_every_rank_and_resumes_in_one_process(tmp_path):
+def test_maac_critic_is_sharded_over_every_rank_and_resumes_in_one_process(refs, runs, tmp_path):
     """MAAC's centralized critic (its own backbone) lives on every rank: sharded over all of them, its value head
     whole (gradients summed). Actors and critic as in one process; its DCP checkpoint continues in one process."""
-    spec = {**BASE, "num_turns": 1, "trainer": "maac"}
-    run_in_process(tmp_path / "ref", spec)
-    rc, log, _ = torchrun(2, tmp_path / "sharded", {**spec, "fsdp": "full_shard", "placement": BOTH_ON_2})
-    assert rc == 0, log[-4000:]
-    assert_same_weights(agent_weights(tmp_path / "ref"), agent_weights(tmp_path / "sharded"), atol=FSDP_ATOL)
-    ref, got = critic_params(tmp_path / "ref")[0][0], critic_params(tmp_path / "sharded")[0]
+    ref_dir, sharded = refs("maac"), runs("maac")
+    assert_same_weights(agent_weights(ref_dir), agent_weights(sharded), atol=FSDP_ATOL)
+    ref, got = critic_params(ref_dir)[0][0], critic_params(sharded)[0]
     assert len(got) == 2  # one copy per rank, gathered
     for params in got:
         for p, q in zip(params, ref, strict=True):
             torch.testing.assert_close(p, q, atol=FSDP_ATOL, rtol=0)
-    ckpt = tmp_path / "sharded" / "run" / "checkpoint-2"
+    ckpt = sharded / "run" / "checkpoint-2"
     assert (ckpt / "critic_0" / "sharded").is_dir() and checkpoint.verify(ckpt) is None
-    shutil.copytree(tmp_path / "sharded" / "run", tmp_path / "one" / "run")
+    shutil.copytree(sharded / "run", tmp_path / "one" / "run")
     shutil.rmtree(tmp_path / "one" / "run" / "checkpoint-4")
-    run_in_process(tmp_path / "one", {**spec, "resume": True})
+    run_in_process(tmp_path / "one", {**MAAC_SPEC, "resume": True})
     for p, q in zip(critic_params(tmp_path / "one")[0][0], got[0], strict=True):
         torch.testing.assert_close(p, q, atol=FSDP_ATOL, rtol=0)
-    assert history(tmp_path / "one")[:2] == history(tmp_path / "sharded")[:2]
+    assert history(tmp_path / "one")[:2] == history(sharded)[:2]
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory):
+    """``comlrl train`` of each algorithm, sharded on 2 ranks for 2 steps: one torchrun job runs the three."""
+    runs = {
+        algorithm: {
+            "sections": {"algorithm": algorithm, "evaluation": {"before": False, "after": False}},
+            "fsdp": "full_shard",
+            "placement": BOTH_ON_2,
+        }
+        for algorithm in ("magrpo", "iac", "maac")
+    }
+    return cli_runs_under_torchrun(tmp_path_factory.mktemp("cli"), runs)[0]
 
 
 @pytest.mark.parametrize("algorithm", ["magrpo", "iac", "maac"])
-def test_cli_trains_two_sharded_steps(tmp_path, algorithm):
-    sections = {"algorithm": algorithm, "evaluation": {"before": False, "after": False}}
-    run_dir, _, _ = cli_under_torchrun(tmp_path, sections, fsdp="full_shard", placement=BOTH_ON_2)
+def test_cli_trains_two_sharded_steps(cli_runs, algorithm):
+    run_dir, _ = cli_runs(algorithm)
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert checkpoint.verify(run_dir / "checkpoint-2") is None
     assert (run_dir / "checkpoint-2" / "agent_1" / "sharded").is_dir()

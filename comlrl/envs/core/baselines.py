@@ -9,9 +9,10 @@ agent has. Modes:
 * ``single``: agent 0 alone writes the whole team answer from a single-agent prompt (both parts with a
   marker line for writing; the whole program for code); ``env.split_single`` splits it into the roles.
 * ``parallel``: every agent answers its own prompt independently; the answers are combined as usual.
-* ``sequential``: a pipeline; agent k's prompt also shows the answers of agents 0..k-1.
-* ``discussion``: one round; agents answer in parallel, then each sees the others' first answers and
-  revises its own; the revisions are scored.
+* ``sequential``: the 'chain' topology untrained: agent k's prompt also shows the answers of agents 0..k-1.
+* ``discussion``: the 'debate' topology untrained, two turns: agents answer in parallel, then each sees every
+  agent's first answer (its own included) under its prompt and answers again; the second answers are scored.
+  Both compose prompts as a trainer under that topology does (:func:`comlrl.rollout.topology.compose_prompt`).
 * ``centralized``: agent 0 alone answers every agent's prompt at once, each answer in ``<agent_i>...</agent_i>``
   tags (:func:`comlrl.algorithms.preference.centralized_prompt`); the tags are split into the roles
   (:func:`~comlrl.algorithms.preference.split_roles`), a reply that does not parse scores N empty answers and counts
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ...algorithms.preference import centralized_prompt, split_roles
+from ...rollout.topology import builtin, compose_prompt, visible_answers
 from .base import Env
 
 Generate = Callable[[int, list[str]], list[str]]
@@ -66,23 +68,6 @@ class _Generator:
         return out
 
 
-def sequential_prompt(prompt: str, previous: list[tuple[int, str, str]]) -> str:
-    """``prompt`` plus the earlier agents' answers: ``previous`` holds (agent index, role, answer)."""
-    shown = "\n\n".join(
-        f"Teammate (agent {k + 1}, who wrote {role}) answered:\n{answer.strip()}" for k, role, answer in previous
-    )
-    return f"{prompt.rstrip()}\n\n{shown}\n\nWrite your own part so that it fits with your teammates' answers."
-
-
-def discussion_prompt(prompt: str, own: str, others: list[tuple[int, str, str]], role: str) -> str:
-    """``prompt`` plus the agent's first answer and the other agents' first answers, asking for a revision."""
-    shown = "\n\n".join(f"Agent {k + 1} (writing {r}) drafted:\n{answer.strip()}" for k, r, answer in others)
-    return (
-        f"{prompt.rstrip()}\n\nYour first draft:\n{own.strip()}\n\n{shown}\n\n"
-        f"Considering your teammates' drafts, write the final version of your part ({role}). Reply with only your part."
-    )
-
-
 def _formatted(env: Env, rows: list[dict]) -> list[list[str]]:
     return [[fmt(r) for r in rows] for fmt in env.formatters()]
 
@@ -91,33 +76,33 @@ def _parallel(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
     return [gen(i, prompts) for i, prompts in enumerate(_formatted(env, rows))]
 
 
-def _sequential(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
-    roles, answers = env.roles(), []
-    for i, prompts in enumerate(_formatted(env, rows)):
-        shown = [
-            sequential_prompt(p, [(k, roles[k], answers[k][j]) for k in range(i)]) if i else p
-            for j, p in enumerate(prompts)
-        ]
-        answers.append(gen(i, shown))
-    return answers
+def _topology(name: str, turns: int) -> Callable[[Env, _Generator, list[dict]], list[list[str]]]:
+    """A baseline that plays the built-in topology ``name`` untrained for ``turns`` turns: stage by stage, each
+    acting agent's prompt composed as a trainer under that topology composes it (:mod:`comlrl.rollout.topology`);
+    every agent's latest answer is scored."""
 
+    def run(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
+        n, prompts = env.num_agents, _formatted(env, rows)
+        topology = builtin(name, n)
+        previous: list[list[str | None]] = [[None] * n for _ in rows]
+        latest: list[list[str]] = [[""] * n for _ in rows]
+        for t in range(turns):
+            graph = topology.turn(t)
+            this_turn: list[list[str | None]] = [[None] * n for _ in rows]
+            for stage in graph.stages():
+                for k in stage:
+                    shown = [
+                        compose_prompt(
+                            prompts[k][j], visible_answers(graph, k, this_turn[j], previous[j], t + 1), k, t + 1
+                        )
+                        for j in range(len(rows))
+                    ]
+                    for j, answer in enumerate(gen(k, shown)):
+                        this_turn[j][k] = latest[j][k] = answer
+            previous = this_turn
+        return [[latest[j][k] for j in range(len(rows))] for k in range(n)]
 
-def _discussion(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
-    roles, prompts = env.roles(), _formatted(env, rows)
-    first = [gen(i, p) for i, p in enumerate(prompts)]
-    final = []
-    for i in range(env.num_agents):
-        revised = [
-            discussion_prompt(
-                prompts[i][j],
-                first[i][j],
-                [(k, roles[k], first[k][j]) for k in range(env.num_agents) if k != i],
-                roles[i],
-            )
-            for j in range(len(rows))
-        ]
-        final.append(gen(i, revised))
-    return final
+    return run
 
 
 def _single(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]:
@@ -137,8 +122,8 @@ def _centralized(env: Env, gen: _Generator, rows: list[dict]) -> list[list[str]]
 _RUNNERS = {
     "single": _single,
     "parallel": _parallel,
-    "sequential": _sequential,
-    "discussion": _discussion,
+    "sequential": _topology("chain", 1),
+    "discussion": _topology("debate", 2),
     "centralized": _centralized,
 }
 
