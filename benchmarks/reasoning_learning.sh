@@ -6,9 +6,11 @@
 #
 #   bash benchmarks/reasoning_learning.sh [OUT]      (default OUT: runs/reasoning-learning; STEPS=40 ROWS=100)
 #
+# It runs in the .venv of scripts/setup.sh.
 # One torch thread (OMP_NUM_THREADS=1): on shared cores, two threads stall waiting for each other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .venv/bin/activate
 OUT="${1:-runs/reasoning-learning}"
 STEPS="${STEPS:-40}"
 ROWS="${ROWS:-100}"

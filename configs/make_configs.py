@@ -197,6 +197,34 @@ TRAINING = {
 }
 
 
+# MAGRPO under a communication topology (docs/topologies.md): configs/<env>_magrpo_<topology>.yaml, the env's
+# magrpo config with its options and the topology's fields.
+TOPOLOGY_CONFIGS = {
+    ("reasoning", "chain"): dict(
+        note="the solver's work is in the verifier's prompt within the turn (one turn, no transition).",
+        options="  options: {task: chain_sum, roles: solver_verifier}\n",
+        training="  topology: chain\n  num_turns: 1\n",
+    ),
+    ("reasoning", "debate"): dict(
+        note="each agent sums its own terms; in turn 2 both see both turn-1 answers and answer again.",
+        options="  options: {task: chain_sum, roles: split}\n",
+        training="  topology: debate\n  num_turns: 2\n",
+    ),
+}
+
+
+def topology_config(env: str, topology: str, spec: dict, extra: dict) -> str:
+    """configs/<env>_magrpo_<topology>.yaml: <env>_magrpo.yaml under ``topology``."""
+    text = team_config(env, "magrpo", spec)
+    head, body = text[: text.index("name:")], text[text.index("name:") :]
+    head = head.replace(f"configs/{env}_magrpo.yaml", f"configs/{env}_magrpo_{topology}.yaml")
+    first = head.index("\n")
+    head = f"# {env} x magrpo under the {topology} topology: {extra['note']}" + head[first:]
+    body = body.replace(f"name: {env}-magrpo\n", f"name: {env}-magrpo-{topology}\n")
+    body = body.replace(f"  name: {env}\n", f"  name: {env}\n" + extra["options"], 1)
+    return head + body + extra["training"]
+
+
 def data_section(source=None, split=None, limit=None, eval_split="holdout", eval_limit=8, **_) -> str:
     """The body of one env's `data:` section."""
     lines = [
@@ -272,6 +300,8 @@ def main() -> None:
             if algorithm in TRAINING:
                 text = text[: text.index("training:")] + LORA + TRAINING[algorithm].format(**spec)
             (here / f"{env}_{algorithm}.yaml").write_text(text)
+    for (env, topology), extra in TOPOLOGY_CONFIGS.items():
+        (here / f"{env}_magrpo_{topology}.yaml").write_text(topology_config(env, topology, ENVS[env], extra))
 
 
 if __name__ == "__main__":
