@@ -19,6 +19,16 @@ from .pairs import add_pair_sums, eval_mode, pair_metrics, pair_tensors
 from .update import optimizer_step
 
 
+def dpo_loss_options(args: Any) -> dict[str, Any]:
+    """The keyword options of :func:`~comlrl.algorithms.preference.team_dpo_loss` a preference config sets."""
+    return {
+        "beta": args.beta,
+        "loss_type": args.loss_type,
+        "label_smoothing": args.label_smoothing,
+        "reference_free": args.reference_free,
+    }
+
+
 class DPOUpdate:
     """MADPO's update: ``trainer.update.optimize(micro)``; it reads the trainer's config and agents when it runs."""
 
@@ -58,15 +68,7 @@ class DPOUpdate:
                 with active_adapter(agent.model, agent.adapter):
                     live = torch.cat([values[:i], self.sequence_logps(agent, t, grad=True)[None], values[i + 1 :]])
                     loss, m = team_dpo_loss(
-                        live[:, :b],
-                        live[:, b:],
-                        ref_c,
-                        ref_r,
-                        beta=a.beta,
-                        loss_type=a.loss_type,
-                        label_smoothing=a.label_smoothing,
-                        reference_free=a.reference_free,
-                        pair_weights=weights,
+                        live[:, :b], live[:, b:], ref_c, ref_r, **dpo_loss_options(a), pair_weights=weights
                     )
                     (loss / len(micro)).backward()
             add_pair_sums(sums, m, values, b)

@@ -54,7 +54,7 @@ from .comparator import (
     split_roles,
     swapped_parameters,
 )
-from .dpo_update import DPOUpdate
+from .dpo_update import DPOUpdate, dpo_loss_options
 from .pairs import (
     PAIRS_DIR,
     ROUNDS_FILE,
@@ -520,16 +520,7 @@ class MADPOTrainer(MultiAgentTrainer):
             ref_c, ref_r = self.update.reference_logps(batch, tensors)
             values = torch.stack([self.update.sequence_logps(ag, t) for ag, t in zip(self.agents, tensors)])
             b = len(batch)
-            _, m = team_dpo_loss(
-                values[:, :b],
-                values[:, b:],
-                ref_c,
-                ref_r,
-                beta=a.beta,
-                loss_type=a.loss_type,
-                label_smoothing=a.label_smoothing,
-                reference_free=a.reference_free,
-            )
+            _, m = team_dpo_loss(values[:, :b], values[:, b:], ref_c, ref_r, **dpo_loss_options(a))
             add_pair_sums(sums, m, values, b)
             _, h = agent_margins(values[:, :b], values[:, b:], ref_c, ref_r, reference_free=a.reference_free)
             for rec, margin in zip(batch, h.tolist()):  # a sample's reward: the implied reward margin beta * h
