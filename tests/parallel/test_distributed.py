@@ -50,6 +50,9 @@ SCENARIOS = {
     "lora": {"max_steps": 3, "lora": LORA},
     "iac": {**SPEC, "trainer": "iac", "critic_learning_rate": 1e-2},
     "maac": {**SPEC, "trainer": "maac", "critic_type": "q", "critic_learning_rate": 1e-2},
+    # topologies: one agent per rank, so answers shown to the other agent cross ranks
+    "chain": {"max_steps": 2, "per_device_train_batch_size": 3, "topology": "chain"},
+    "leader": {"max_steps": 2, "num_turns": 2, "per_device_train_batch_size": 3, "topology": "leader"},
 }
 
 
@@ -222,6 +225,17 @@ def test_lora_team_split_across_ranks_equals_single_process(refs, runs_2):
     assert all(".agent_%d." % i in k for i, states in got.items() for k in states[0])  # each rank: its own adapter
     assert_same_weights(agent_weights(ref), got)
     assert history(ap) == history(ref)
+
+
+@pytest.mark.parametrize("topology", ["chain", "leader"])
+def test_topology_across_two_ranks_equals_single_process(refs, runs_2, tmp_path, topology):
+    """Agent 1 (rank 1) sees agent 0's answers (rank 0) in its prompts: weights and metrics bitwise those of one
+    process, which differ from the same team's parallel run."""
+    ref, ap = refs(topology), runs_2(topology)
+    assert_same_weights(agent_weights(ref), agent_weights(ap))
+    assert history(ap) == history(ref)
+    parallel = run_in_process(tmp_path, {**SCENARIOS[topology], "topology": "parallel"})
+    assert history(parallel) != history(ref)  # the topology changed the prompts, so the test above could fail
 
 
 def test_data_parallel_two_agents_by_two_replicas_equal_single_process(refs, tmp_path):
