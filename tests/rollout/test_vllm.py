@@ -385,6 +385,26 @@ def test_every_rl_trainer_runs_two_steps_on_vllm(make):
     assert any(k.startswith("eval") for k in evaluation), evaluation
 
 
+def test_magrpo_chain_on_vllm_serves_each_stage_its_acting_agents_with_the_answers_before():
+    """A LoRA team under topology chain: stage 1 samples agent 0 alone (G per row), stage 2 agent 1 alone, G per
+    answer of agent 0 (G * G per row), from prompts holding the answer its node carries; both agents train."""
+    g, rows, tok = 2, ROWS[:2], tiny_tokenizer()
+    t = MAGRPOTrainer(**tiny_kwargs(reward_func=length_reward, peft_config=LORA), args=cfg(topology="chain"))
+    history = t.train()["history"]
+    assert len(history) == 2, history
+    for h in history:  # agent 1 trains on stage-2 samples that carry vLLM's log-probs
+        assert "agent/1/policy/pg_loss" in h and "agent/1/policy/rollout_kl" in h, h.keys()
+    ep = t.rollout(rows, [0, 1], settings=t.generation_settings(), num_generations=g, reward_func=t.reward_func)
+    assert [[s.completion_ids.shape[0] for s in turn.samples] for turn in ep.turns] == [[4, 0], [0, 8]]
+    first, second = ep.turns
+    for n in range(len(rows) * g):  # stage-2 node n: agent 0's answer n % g to row n // g
+        answer, base = first.samples[0].texts[n].strip(), rows[n // g]["prompt"]
+        shown = f"{base}\n\nAgent 1's answer (this turn):\n{answer}"
+        assert answer and second.nodes[n].prompts == [base, shown]
+        ids, masks = (x[n * g : (n + 1) * g] for x in (second.samples[1].prompt_ids, second.samples[1].prompt_mask))
+        assert all(i[m.bool()].tolist() == tok(shown)["input_ids"] for i, m in zip(ids, masks))  # what vLLM got
+
+
 def test_madpo_candidate_rounds_on_vllm(tmp_path, monkeypatch):
     """Two rounds against the initial team: while the comparator's weights are swapped in, the engine samples them
     (greedy tokens equal the swapped model's), and the trained ones again after."""
