@@ -16,6 +16,7 @@ from tiny import tiny_model, tiny_tokenizer
 from comlrl import runconfig
 from comlrl.cli import main
 from comlrl.errors import ConfigError
+from comlrl.rollout.topology import TOPOLOGIES
 from comlrl.tracking import Tracker, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +41,9 @@ def test_every_example_config_loads_and_validates():
         cfg = runconfig.load_config(path)
         if path.stem.endswith("_single_grpo"):  # the equal-budget single agent: GRPO is magrpo with one agent
             assert (cfg.env.name, cfg.algorithm, cfg.env.format) == (path.stem.split("_")[0], "magrpo", "single")
+        elif path.stem.split("_")[-1] in TOPOLOGIES:  # <env>_magrpo_<topology>: MAGRPO under that topology
+            env, algo, topology = path.stem.split("_")
+            assert (cfg.env.name, cfg.algorithm, cfg.trainer_config().topology) == (env, algo, topology)
         elif path.stem != "quickstart":
             env, algo = path.stem.split("_", 1)
             assert (cfg.env.name, cfg.algorithm) == (env, algo)
