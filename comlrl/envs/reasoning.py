@@ -20,13 +20,15 @@ Roles:
 One agent (``num_agents=1``) answers the whole problem. Every reply ends with the line ``Answer: <value>``; how it is
 read and what counts as work: :mod:`.reasoning_reward`.
 
-Team reward (maximum 1.2; 1.4 with ``solver_verifier``):
+Team reward (maximum 1.2 for one agent; 1.6 with ``split``; 1.4 with ``solver_verifier``):
 
 ==============  ======  ===========================================================================================
 level key       points  value
 ==============  ======  ===========================================================================================
 level/format    0.2     fraction of agents whose reply ends with exactly one ``Answer:`` line whose value parses;
-                        below 1 the scoring stops (the next levels are 0)
+                        below 1 the scoring stops for ``level/work`` and ``level/correct``
+level/part      0.4     split only: fraction of agents whose value is their own part's (exact arithmetic), paid per
+                        agent, so a constant answer earns the format level alone
 level/work      0.2     solver_verifier only: the solver's reply has a work line before its Answer line
 level/correct   1.0     the package's verifier on the final answer (split: the sum of the values; solver_verifier:
                         the verifier's): 1 for a full score, else 0 (``partial_credit=True``: its score as it is);

@@ -34,7 +34,7 @@ _TIMES = re.compile(r"(?<=\d)\s*[xX]\s*(?=\d)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _WORD = re.compile(r"[^\W\d_][\w'’]*")
 
-WEIGHTS = {"level/format": 0.2, "level/work": 0.2, "level/correct": 1.0}
+WEIGHTS = {"level/format": 0.2, "level/part": 0.4, "level/work": 0.2, "level/correct": 1.0}
 
 
 # --- reading -------------------------------------------------------------------------------------------------------
@@ -166,9 +166,9 @@ class ReasoningReward(TeamReward):
         super().__init__(num_agents, name)
         self.task, self.roles, self.partial_credit = task, roles, partial_credit
         self.work = roles == "solver_verifier"
-        self.level_names = (
-            ("level/format", "level/work", "level/correct") if self.work else ("level/format", "level/correct")
-        )
+        self.split = roles == "split" and num_agents > 1
+        middle = ("level/work",) if self.work else ("level/part",) if self.split else ()
+        self.level_names = ("level/format", *middle, "level/correct")
         self.max_reward = sum(WEIGHTS[k] for k in self.level_names)
 
     def package_score(self, value: str | None, entry: dict) -> float:
@@ -188,9 +188,8 @@ class ReasoningReward(TeamReward):
         """One joint answer's score dict (``reward``, the levels, the metrics)."""
         entry = entry_of(row)
         replies = [read_reply(t, self.task) for t in texts]
-        split = self.roles == "split" and self.num_agents > 1
-        parts = problem_parts(self.task, entry["metadata"], entry["answer"], self.num_agents) if split else None
-        if split and parts is None:
+        parts = problem_parts(self.task, entry["metadata"], entry["answer"], self.num_agents) if self.split else None
+        if self.split and parts is None:
             raise ValueError(f"reasoning: row {row.get('task_id', '?')} does not split into {self.num_agents} parts.")
         levels = {k: 0.0 for k in self.level_names}
         levels["level/format"] = sum(r.answered for r in replies) / len(replies)
@@ -198,6 +197,7 @@ class ReasoningReward(TeamReward):
         metrics: dict[str, float]
         if parts is not None:
             final, broken, metrics = self._split(replies, parts)
+            levels["level/part"] = metrics["metric/parts_correct"]
         else:
             final, broken, metrics = self._roles(replies, entry)
         if gate:

@@ -173,13 +173,9 @@ def test_work_lines(line, work):
 
 def test_split_honest_answer_scores_the_maximum():
     s = split_scores("4 - 1 = 3\nAnswer: 3", "Answer: -7")
-    assert s["reward"] == pytest.approx(1.2) and s["metric/accuracy"] == 1.0
-    assert (s["level/format"], s["level/correct"], s["metric/part_1_correct"], s["metric/part_2_correct"]) == (
-        1,
-        1,
-        1,
-        1,
-    )
+    assert s["reward"] == pytest.approx(1.6) and s["metric/accuracy"] == 1.0
+    assert (s["level/format"], s["level/part"], s["level/correct"]) == (1, 1, 1)
+    assert (s["metric/part_1_correct"], s["metric/part_2_correct"]) == (1, 1)
     assert s["metric/labour_broken"] == 0.0
 
 
@@ -188,17 +184,18 @@ def test_split_honest_answer_scores_the_maximum():
     [
         ("Answer: -4", "Answer: 0", 0.2, 1.0),  # agent 1 answers the whole problem: the sum is right, nothing paid
         ("Answer: 0", "Answer: -4", 0.2, 1.0),  # agent 2 does it
-        ("Answer: -7", "Answer: -7", 0.2, 1.0),  # agent 1 answers its teammate's part
-        ("Answer: 4", "Answer: -7", 0.2, 0.0),  # a number of the question echoed: -3 is wrong
-        ("Answer: 3\nAnswer: -4", "Answer: -7", 0.1, 0.0),  # several answers: agent 1's does not count, stop
-        ("Answer: 3, -4", "Answer: -7", 0.1, 0.0),  # a list of candidates
-        ("The answer is 3.", "Answer: -7", 0.1, 0.0),  # no Answer line
+        ("Answer: -7", "Answer: -7", 0.4, 1.0),  # agent 1 answers its teammate's part: only agent 2's part paid
+        ("Answer: 4", "Answer: -7", 0.4, 0.0),  # a number of the question echoed: -3 is wrong
+        ("Answer: 5", "Answer: 5", 0.2, 0.0),  # a constant answer: the format level alone
+        ("Answer: 3\nAnswer: -4", "Answer: -7", 0.3, 0.0),  # several answers: agent 1's does not count, stop
+        ("Answer: 3, -4", "Answer: -7", 0.3, 0.0),  # a list of candidates
+        ("The answer is 3.", "Answer: -7", 0.3, 0.0),  # no Answer line
         ("", "", 0.0, 0.0),
     ],
 )
 def test_split_hacks_score_below_the_honest_answer(a, b, reward, broken):
     s = split_scores(a, b)
-    assert s["reward"] == pytest.approx(reward) and s["reward"] < 1.2 and s["metric/accuracy"] == 0.0
+    assert s["reward"] == pytest.approx(reward) and s["reward"] < 1.6 and s["metric/accuracy"] == 0.0
     assert s["metric/labour_broken"] == broken
 
 
@@ -207,7 +204,7 @@ def test_split_three_agents_refuses_a_teammates_pair_of_parts():
     env = envs.make("reasoning", num_agents=3)  # parts: 4 - 1 (3) | -7 | 2
     honest = env.reward_func.score(["Answer: 3"], ["Answer: -7"], ["Answer: 2"], batch_items=[row])[0]
     pair = env.reward_func.score(["Answer: 3"], ["Answer: -5"], ["Answer: 0"], batch_items=[row])[0]  # -7 + 2
-    assert honest["reward"] == pytest.approx(1.2) and pair["reward"] == pytest.approx(0.2)
+    assert honest["reward"] == pytest.approx(1.6) and pair["reward"] == pytest.approx(0.2 + 0.4 / 3)
     assert pair["metric/labour_broken"] == 1.0 and pair["metric/parts_correct"] == pytest.approx(1 / 3)
 
 
@@ -306,14 +303,14 @@ def test_baselines_run_and_score_honest_answers(mode, calls):
 
     out = run_baseline(env, mode, generate=generate, rows=rows)
     assert len(seen) == calls and out["num_tasks"] == 3
-    assert out["reward/mean"] == pytest.approx(1.2) and out["metric/accuracy"] == 1.0
+    assert out["reward/mean"] == pytest.approx(1.6) and out["metric/accuracy"] == 1.0
 
 
 def test_single_format_scores_one_model_writing_every_part():
     env, team = envs.make("reasoning", format="single"), envs.make("reasoning")
     row = dict(team.load_dataset(limit=1)[0])
     answer = _honest(env.formatters()[0](row))
-    assert env.reward_func.score([answer], batch_items=[row])[0]["reward"] == pytest.approx(1.2)
+    assert env.reward_func.score([answer], batch_items=[row])[0]["reward"] == pytest.approx(1.6)
     assert team.split_single("Answer 2: 5\nAnswer 1: 4", row) == ["Answer: 4", "Answer: 5"]
     sv = envs.make("reasoning", roles="solver_verifier")
     assert sv.split_single(HONEST_SOLVER, row) == [HONEST_SOLVER, HONEST_SOLVER]
