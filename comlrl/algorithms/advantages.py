@@ -181,8 +181,9 @@ def tree_returns(
 
 
 def turn_sums(rewards: list[torch.Tensor], children: list[torch.Tensor]) -> torch.Tensor:
-    """(T, 3) per turn of a rollout tree: the weighted reward sum of its joint actions, their total weight, and their
-    weighted sum of undiscounted returns (:func:`tree_returns`, discount 1).
+    """(T, 3) per stage of a rollout tree (a turn under the parallel topology, the one the reference's API runs): the
+    weighted reward sum of its joint actions, their total weight, and their weighted sum of undiscounted returns
+    (:func:`tree_returns`, discount 1).
 
     A root node weighs 1 (one dataset row), split evenly over its joint actions; a joint action passes its weight on
     to its child node. So the weights of turn t add up to the rows' share that reaches turn t, reward sum / weight is

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -103,13 +104,16 @@ def encode_texts(
     return pad_tokens(ids, mask, left=True, pad_id=tokenizer.pad_token_id)
 
 
-def joint_state_text(prompts: list[str]) -> str:
-    """What a centralized V critic reads: every agent's prompt, labelled."""
-    return "\n\n".join(f"[Agent {i + 1} prompt]\n{p}" for i, p in enumerate(prompts))
+def joint_state_text(prompts: list[str], agents: Sequence[int] | None = None) -> str:
+    """What a centralized V critic reads: every agent's prompt, labelled with its agent's number (``agents``: the
+    agents' indices, default ``0..n-1``; a stage where only some agents act passes theirs)."""
+    labels = range(len(prompts)) if agents is None else agents
+    return "\n\n".join(f"[Agent {i + 1} prompt]\n{p}" for i, p in zip(labels, prompts, strict=True))
 
 
-def joint_action_text(prompts: list[str], answers: list[str]) -> str:
-    """What a centralized Q critic reads: every agent's prompt, then every agent's answer."""
-    return (
-        joint_state_text(prompts) + "\n\n" + "\n\n".join(f"[Agent {i + 1} answer]\n{a}" for i, a in enumerate(answers))
-    )
+def joint_action_text(prompts: list[str], answers: list[str], agents: Sequence[int] | None = None) -> str:
+    """What a centralized Q critic reads: every agent's prompt, then every agent's answer, labelled as in
+    :func:`joint_state_text`."""
+    labels = range(len(answers)) if agents is None else agents
+    said = "\n\n".join(f"[Agent {i + 1} answer]\n{a}" for i, a in zip(labels, answers, strict=True))
+    return joint_state_text(prompts, agents) + "\n\n" + said

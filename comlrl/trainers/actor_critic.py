@@ -259,13 +259,14 @@ class ActorCriticTrainer(MultiAgentTrainer):
                         joint_action_text(
                             [nd.prompts[i] for i in acting],
                             [turn.samples[i].texts[m * g + c[p]] for p, i in enumerate(acting)],
+                            acting,
                         )
                         for m, nd in enumerate(turn.nodes)
                         for c in combos
                     ]
                 )
             elif critic.reads is None:
-                texts.append([joint_state_text([nd.prompts[i] for i in acting]) for nd in turn.nodes])
+                texts.append([joint_state_text([nd.prompts[i] for i in acting], acting) for nd in turn.nodes])
             else:
                 texts.append([nd.prompts[critic.reads] for nd in turn.nodes])
         return texts

@@ -465,3 +465,23 @@ def test_a_mixs_untrained_models_are_its_agents_bases(crossplay, setup):
     assert extra["half"]["eval/contribution/agent_1/untrained"] == 0.0  # agent 1 is its untrained model already
     with pytest.raises(ComlrlError, match="fully fine-tuned agent \\(agent 1\\) in a team of LoRA agents"):
         compare([f"mix:{lora},{a}"], config=setup["team_cfg"], rows=1, overrides=on, progress=False)
+
+
+def test_an_untrained_chain_team_answers_as_the_sequential_baseline(setup):
+    """The sequential baseline is the chain topology untrained: greedy, the same models answer alike, so a trained
+    chain is compared with an untrained chain by one mechanism."""
+    s = setup
+    cfg = yaml.safe_load(Path(s["team_cfg"]).read_text())
+    cfg["training"]["topology"] = "chain"
+    chain_cfg = s["root"] / "chain.yaml"
+    chain_cfg.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    result = compare(
+        [f"chain=untrained:{chain_cfg}", f"baseline:sequential@{s['team_cfg']}", f"untrained:{s['team_cfg']}"],
+        rows=3,
+        progress=False,
+    )
+    chain, sequential, parallel = (_by_row(result, n) for n in ("chain", "sequential", "untrained"))
+    assert [chain[i][0]["completions"] for i in range(3)] == [sequential[i][0]["completions"] for i in range(3)]
+    assert result.summary["sequential"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    # agent 1 sees agent 0's answer under the chain, not under the parallel team: its answers differ
+    assert [chain[i][0]["completions"][1] for i in range(3)] != [parallel[i][0]["completions"][1] for i in range(3)]

@@ -288,6 +288,20 @@ def test_iac_chain_values_every_stage_and_advantages_only_where_an_agent_acts():
     assert [[a.numel() for a in per] for per in adv] == [[2, 0], [0, 4]]
 
 
+def test_maac_chain_critics_label_each_acting_agent_by_its_number():
+    from comlrl.configs.actor_critic import MAACConfig
+    from comlrl.trainers.actor_critic import MAACTrainer
+
+    for critic_type in ("v", "q"):
+        t, ep = trained("chain", MAACTrainer, MAACConfig, critic_type=critic_type)
+        stage2 = t._critic_texts(t.critics[0], ep)[1]
+        prompt = f"[Agent 2 prompt]\n{ep.turns[1].nodes[0].prompts[1]}"
+        if critic_type == "v":  # one text per node: agent 1 (the second agent) alone acts
+            assert stage2[0] == prompt
+        else:  # one per joint action: its prompt, then its answer
+            assert stage2[0] == f"{prompt}\n\n[Agent 2 answer]\n{ep.turns[1].samples[1].texts[0]}"
+
+
 def test_lora_team_chain_trains_each_adapter_alone_where_their_stages_differ():
     from peft import LoraConfig
 

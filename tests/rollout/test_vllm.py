@@ -330,15 +330,15 @@ def greedy_equal_after_training(trainer) -> None:
         )
 
 
-@pytest.mark.parametrize("lora", [True, False], ids=["lora-team", "full"])
-def test_magrpo_trains_on_vllm_rollouts_and_the_engine_follows_each_step(lora):
+@pytest.mark.parametrize("lora, topology", [(True, "parallel"), (False, "chain")], ids=["lora-team", "full-chain"])
+def test_magrpo_trains_on_vllm_rollouts_and_the_engine_follows_each_step(lora, topology):
     t = MAGRPOTrainer(
         model=vllm_model(),
         num_agents=2,
         tokenizer=tiny_tokenizer(),
         train_dataset=ROWS,
         reward_func=length_reward,
-        args=cfg(),
+        args=cfg(topology=topology),
         peft_config=LORA if lora else None,
     )
     before = [[p.detach().clone() for p in a.params] for a in t.agents]
@@ -350,6 +350,9 @@ def test_magrpo_trains_on_vllm_rollouts_and_the_engine_follows_each_step(lora):
     engines = {id(VLLM_ENGINE.engines[a.model]) for a in t.agents}
     assert len(engines) == (1 if lora else 2)  # a LoRA team on one base shares one engine
     greedy_equal_after_training(t)
+    ep = t.rollout(ROWS[:1], [0], settings=t.generation_settings(), num_generations=2, reward_func=t.reward_func)
+    shapes = [[s.completion_ids.shape[0] for s in turn.samples] for turn in ep.turns]
+    assert shapes == ([[2, 2]] if topology == "parallel" else [[2, 0], [0, 4]])  # each engine serves its stage
 
 
 def tiny_kwargs(**kw):
