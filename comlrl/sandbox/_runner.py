@@ -15,6 +15,7 @@ from ._isolation import current_isolation, nproc_limit, warn_network_once
 from ._process import RawRun, execute
 from ._types import TEST_STATUSES, SandboxLimits, SandboxResult, TestOutcome
 from ._verdict import shared_reason, warn_shared_once
+from .harness._harness_os import CPU_KILL_SHARE
 
 KINDS = ("asserts", "unittest")
 VERDICTS = ("split", "strict", "shared", "shared-spawn")
@@ -82,7 +83,7 @@ def _classify(raw: RawRun, by_type: dict[str, dict], limits: SandboxLimits, wall
     code = exit_rec.get("code", raw.returncode)
     cpu = max(raw.cpu, float(exit_rec.get("cpu", 0.0) or 0.0))
     by_signal = isinstance(code, int) and (code < 0 or code >= 128)  # the relay adds 128
-    if by_signal and cpu >= 0.95 * limits.cpu_seconds:
+    if by_signal and cpu >= CPU_KILL_SHARE * limits.cpu_seconds:
         return "timeout", f"CPU time limit of {limits.cpu_seconds} s exceeded"
     return "crashed", f"process {_exit_text(code)} before reporting all results"
 

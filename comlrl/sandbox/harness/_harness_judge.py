@@ -182,7 +182,10 @@ class Link:
             self.suspect("seccomp", f"the program was killed by the seccomp filter (a forbidden system call) {during}")
             return ProgramDied(f"the program made a forbidden system call {during}")
         cpu_limit = float(self.cfg["cpu_seconds"])
-        if info.get("signal") in ("SIGXCPU", "SIGKILL") and float(info.get("cpu") or 0) >= 0.95 * cpu_limit:
+        if (
+            info.get("signal") in ("SIGXCPU", "SIGKILL")
+            and float(info.get("cpu") or 0) >= hos.CPU_KILL_SHARE * cpu_limit
+        ):
             return ProgramCPU(f"CPU time limit of {cpu_limit:g} s exceeded")
         self.suspect("exit", f"the program {_exit_text(info)} {during}")
         return ProgramDied(f"the program {_exit_text(info)} {during}")
