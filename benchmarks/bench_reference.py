@@ -7,9 +7,12 @@ unrelated older project with our package name, so this script imports only it, n
     python benchmarks/bench_train.py --variants reference,full2    # the same, side by side with ours
 
 Config as bench_train.py: 2 agents on the same local model folder, full fine-tune fp32, the first ``--steps`` of its
-8 prompts (raw text, no chat template), num_generations=4, max_new_tokens=64, temperature 1, top_p 1, top-k off
-(``top_k=0``: the reference leaves ``top_k=None`` out of ``generate``, where transformers then applies its default
-50), 1 turn, 1 epoch, learning rate 1e-5, no eval, no wandb, KL off, reward (len(last) - len(first)) / 100.
+8 prompts (raw text, no chat template), num_generations=4, max_new_tokens=64, sampling at temperature 0.6, top_p
+0.6, top_k 50 (``--temperature``, ``--top-p``, ``--top-k``: their defaults are bench_train.py's ``SAMPLING``, which
+bench_train.py also passes explicitly; the reference's own defaults are the same), 1 turn, 1 epoch, learning rate
+1e-5, no eval, no wandb, KL off, reward (len(last) - len(first)) / 100. The reference hands ``generate`` its
+temperature and top_p, and its top_k as given unless it is None (transformers then applies its default 50): top_k 50
+filters as our decode loop's top_k 50 does, and ``--top-k 0`` turns top-k off on both sides.
 One prompt per optimizer step: rollout_buffer_size=1 and train_batch_size=1 make each agent take one AdamW step per
 prompt (its defaults, 2 and 2, would take one step per 2 prompts). Only ``train()`` is timed; its generate, reward,
 loss (forward + backward) and optimizer parts are timed by wrapping the trainer's own methods. Prints one JSON line.
@@ -32,6 +35,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 sys.path[:] = [p for p in sys.path if p not in ("", ".", _ROOT)]
 
 import torch  # noqa: E402
+from bench_train import SAMPLING  # noqa: E402  (this script's folder is on sys.path; it imports no comlrl)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tldr_posts_extra.jsonl"
 DEFAULT_MODEL = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "comlrl" / "smollm2-135m-instruct"
@@ -63,7 +67,9 @@ def _timed(obj, name: str, totals: dict, key: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def run(model: str, steps: int) -> dict:
+def run(model: str, steps: int, sampling: dict) -> dict:
+    """``train()`` of the reference on the first ``steps`` prompts, sampling with ``sampling`` (temperature, top_p,
+    top_k), timed by part."""
     import comlrl
     from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
 
@@ -78,9 +84,9 @@ def run(model: str, steps: int) -> dict:
         num_agents=2,
         num_generations=4,
         max_new_tokens=64,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
+        temperature=sampling["temperature"],
+        top_p=sampling["top_p"],
+        top_k=sampling["top_k"],
         num_turns=1,
         early_termination_threshold=None,
         eval_interval=0,
@@ -163,9 +169,13 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=8, help="prompts, one optimizer step each (at most 8)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=SAMPLING["temperature"])
+    parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"])
+    parser.add_argument("--top-k", type=int, default=SAMPLING["top_k"], help="0: top-k off")
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
-    print(json.dumps(run(ns.model, min(ns.steps, 8))))
+    sampling = dict(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k)
+    print(json.dumps(run(ns.model, min(ns.steps, 8), sampling)))
 
 
 if __name__ == "__main__":
