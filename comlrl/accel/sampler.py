@@ -39,9 +39,37 @@ def token_sampler(
         return lambda logits: logits.argmax(dim=-1)
 
     def sample(logits: torch.Tensor) -> torch.Tensor:
+        if 0 < top_k <= _TOP_P_CANDIDATES and top_k < logits.shape[-1]:
+            tokens = _sample_within_top_k(logits, temperature, top_k, top_p, generator)
+            if tokens is not None:
+                return tokens
         return _inverse_cdf_sample(warp_logits(logits, temperature, top_k, top_p).softmax(dim=-1), generator)
 
     return sample
+
+
+def _sample_within_top_k(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor | None:
+    """The draw of the full path (:func:`warp_logits`, softmax, :func:`_inverse_cdf_sample`) made over each row's k
+    survivors: top-p among them, then the inverse CDF over them in vocabulary order with the same uniform, so the
+    same token as the full path's up to the rounding of the probabilities' sums. None when, in some row, more than k
+    logits tie at the k-th (top-k then keeps them all): the caller takes the full path.
+
+    Why: every pass over the (B, V) logits costs; at B = 8, V = 49k this draw takes ~1 ms where the full path's
+    masks, softmax and cumulative sums over V take ~4 ms per decode step."""
+    scaled = logits / temperature if temperature != 1.0 else logits
+    values, idx = torch.topk(scaled, top_k, dim=-1)  # (B, k) descending
+    if bool(((scaled >= values[:, -1:]).sum(dim=-1) > top_k).any()):
+        return None
+    if top_p < 1.0:  # as top_p_filter: keep where the mass strictly above is < top_p, always the top one
+        probs = values.softmax(dim=-1)
+        keep = (probs.cumsum(dim=-1) - probs) < top_p
+        keep[:, 0] = True
+        values = values.masked_fill(~keep, float("-inf"))
+    order = idx.argsort(dim=-1)  # vocabulary order, as the full path's cumulative sum runs
+    idx, values = idx.gather(-1, order), values.gather(-1, order)
+    return idx.gather(-1, _inverse_cdf_sample(values.softmax(dim=-1), generator)[:, None]).squeeze(1)
 
 
 def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -54,7 +82,8 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        logits = top_p_filter(logits, top_p)
+        # after top-k the nucleus lies within the k survivors (or, with ties at the k-th logit, the fallback sorts)
+        logits = top_p_filter(logits, top_p, candidates=top_k or _TOP_P_CANDIDATES)
     return logits
 
 
@@ -135,14 +164,16 @@ def inverse_cdf_pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 _TOP_P_CANDIDATES = 1024
 
 
-def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+def top_p_filter(logits: torch.Tensor, top_p: float, *, candidates: int = _TOP_P_CANDIDATES) -> torch.Tensor:
     """HF TopPLogitsWarper: keep the tokens whose higher-ranked mass is < top_p (always the top one); -inf the rest.
 
     HF phrases it ascending (drop where the ascending cumulative mass <= 1 - top_p); that is the same set as
-    "mass strictly above the token < top_p" in descending order. If a row's top-K candidates already hold >= top_p
-    mass, no token outside them can be kept, so filtering within them is exact; other rows take HF's full sort.
+    "mass strictly above the token < top_p" in descending order. If a row's top-K candidates (K = ``candidates``)
+    already hold >= top_p mass, no token outside them can be kept, so filtering within them is exact; other rows take
+    HF's full sort. After top-k, K = k finds every row's nucleus at a fraction of the default K's cost (topk(1024)
+    over 49k logits of 8 rows: ~4 ms per decode step).
     """
-    k = min(_TOP_P_CANDIDATES, logits.shape[-1])
+    k = min(candidates, logits.shape[-1])
     values, idx = torch.topk(logits, k, dim=-1)  # (B, K) descending
     probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()  # (B, K)
     cum = probs.cumsum(dim=-1)

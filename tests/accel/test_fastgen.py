@@ -22,7 +22,7 @@ from comlrl.accel import fastgen
 from comlrl.accel.decode_weights import can_prepack
 from comlrl.accel.fastgen import fast_generate, sample_tokens, supports_fast_generate
 from comlrl.accel.llama_decoder import LlamaDecoder
-from comlrl.accel.sampler import top_p_filter
+from comlrl.accel.sampler import top_p_filter, warp_logits
 from comlrl.engine.models import left_pad
 
 # chi-square critical value for 7 degrees of freedom at p = 1e-4 (the tests are seeded: a margin, not a flake rate)
@@ -298,6 +298,41 @@ def test_top_p_keeps_the_same_tokens_as_hf(scale, top_p):
     logits[::2] *= 4  # mix peaky and flat rows in one batch
     ref = TopPLogitsWarper(top_p)(None, logits)
     assert torch.equal(torch.isinf(top_p_filter(logits, top_p)), torch.isinf(ref))
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 8.0])
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
+def test_top_k_then_top_p_keeps_the_same_tokens_as_hf(scale, top_p):
+    """top-p searches only the top-k survivors: the kept tokens are HF's, and as many as HF keeps where more than k
+    tokens tie at the k-th logit (rows 4 and 5: 7 tokens tie for k = 5; which of them a sort ranks first is
+    arbitrary, HF's included) and the nucleus can span more than the k candidates."""
+    logits = torch.randn(6, 5000, generator=torch.Generator().manual_seed(1)) * scale
+    logits[::2] *= 4
+    logits[4:, :7] = (
+        logits[4:].max(dim=-1, keepdim=True).values + 1.0
+    )  # 7 tied top logits (1/7 each: no top_p on a boundary)
+    top_k = 5
+    ref = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(top_k)(None, logits / 0.6))
+    ours = warp_logits(logits, 0.6, top_k, top_p)
+    assert torch.equal(torch.isinf(ours[:4]), torch.isinf(ref[:4]))
+    assert torch.equal(ours[:4][~torch.isinf(ours[:4])], ref[:4][~torch.isinf(ref[:4])])
+    kept, ref_kept = ~torch.isinf(ours[4:]), ~torch.isinf(ref[4:])
+    assert kept.sum(dim=-1).tolist() == ref_kept.sum(dim=-1).tolist() and not kept[:, 7:].any()
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9, 0.6])
+def test_top_k_draw_within_the_survivors_picks_the_full_paths_tokens(top_p):
+    """The sampler draws within each row's top-k survivors; with the same generator it picks the token the full
+    path (warped logits over the vocabulary, softmax, inverse CDF) picks, rows with ties past the k-th included."""
+    from comlrl.accel.sampler import _inverse_cdf_sample, token_sampler
+
+    rows = [torch.randn(8, 3000, generator=torch.Generator().manual_seed(i)) * (0.5 + i % 4) for i in range(40)]
+    rows[3][:, :9] = 10.0  # 9 tied top logits for k = 5: the full path's own draw
+    full, within = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    sample = token_sampler(True, temperature=0.6, top_k=5, top_p=top_p, generator=within)
+    for logits in rows:
+        expected = _inverse_cdf_sample(warp_logits(logits, 0.6, 5, top_p).softmax(dim=-1), full)
+        assert torch.equal(sample(logits), expected)
 
 
 def test_sampler_never_draws_zero_probability_tokens():
