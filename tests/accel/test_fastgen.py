@@ -321,18 +321,36 @@ def test_top_k_then_top_p_keeps_the_same_tokens_as_hf(scale, top_p):
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9, 0.6])
-def test_top_k_draw_within_the_survivors_picks_the_full_paths_tokens(top_p):
-    """The sampler draws within each row's top-k survivors; with the same generator it picks the token the full
-    path (warped logits over the vocabulary, softmax, inverse CDF) picks, rows with ties past the k-th included."""
-    from comlrl.accel.sampler import _inverse_cdf_sample, token_sampler
+def test_top_k_draw_within_the_survivors_picks_the_vocabulary_draws_tokens(top_p):
+    """The samplers draw within each row's top-k survivors. With the same uniforms they pick the token the draw over
+    the whole vocabulary picks (warped logits, softmax, inverse CDF), rows with ties at the k-th included. Where
+    logits tie at top-p's boundary (bf16 logits), which tied token top-p keeps follows the sort's order, as in
+    transformers: there the draw is one of as many kept tokens, none below the vocabulary draw's lowest kept logit."""
+    from comlrl.accel.sampler import _inverse_cdf_sample, inverse_cdf_pick, token_sampler, top_k_survivors
+    from comlrl.rollout.sampling import RowSeededSampler
 
     rows = [torch.randn(8, 3000, generator=torch.Generator().manual_seed(i)) * (0.5 + i % 4) for i in range(40)]
-    rows[3][:, :9] = 10.0  # 9 tied top logits for k = 5: the full path's own draw
+    rows[3][:, :9] = 10.0  # 9 tied top logits for k = 5, all among the 2k candidates
+    rows[4][:, :12] = 10.0  # 12: ties past the candidates, the draw over the vocabulary
     full, within = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     sample = token_sampler(True, temperature=0.6, top_k=5, top_p=top_p, generator=within)
     for logits in rows:
         expected = _inverse_cdf_sample(warp_logits(logits, 0.6, 5, top_p).softmax(dim=-1), full)
         assert torch.equal(sample(logits), expected)
+    # the trainer's per-row seeded sampler: the token transformers' warpers and a draw over the vocabulary pick
+    within = RowSeededSampler(range(8), temperature=0.6, top_k=5, top_p=top_p)
+    over_vocab = RowSeededSampler(range(8), temperature=0.6, top_k=5, top_p=top_p)
+    for logits in rows:
+        u = torch.stack([torch.rand(1, generator=g) for g in over_vocab.generators])
+        assert torch.equal(within.sample(logits), inverse_cdf_pick(over_vocab.warp(logits).softmax(dim=-1), u))
+    for i in range(20):
+        logits = (torch.randn(8, 3000, generator=torch.Generator().manual_seed(100 + i)) * 3).bfloat16().float()
+        warped = over_vocab.warp(logits)
+        kept = warped.isfinite()
+        drawn = within.sample(logits)
+        lowest = logits.masked_fill(~kept, float("inf")).min(dim=-1).values
+        assert (logits.gather(-1, drawn[:, None])[:, 0] >= lowest).all()
+        assert (kept.sum(dim=-1) == top_k_survivors(logits, 0.6, 5, top_p)[1].gt(0).sum(dim=-1)).all()
 
 
 def test_sampler_never_draws_zero_probability_tokens():
