@@ -53,10 +53,10 @@ def top_k_survivors(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's top-k survivors of :func:`warp_logits` in vocabulary order: the token ids of its 2k highest logits
     (B, 2k) and their probabilities (B, 2k), 0 for those top-k or top-p drops. An inverse-CDF draw over them with a
-    uniform u picks the token the draw over the whole vocabulary picks with u (up to the rounding of the
-    probabilities' sums). None when top-k is
-    off or above ``_TOP_P_CANDIDATES``, or when in some row the logits that tie at the k-th (top-k keeps them all) may
-    run past the 2k candidates: the caller draws over the vocabulary.
+    uniform u picks the token the draw over the whole vocabulary picks with u, up to the rounding of the
+    probabilities' sums and to which of the logits tied at top-p's boundary it keeps. None when top-k is off or above
+    ``_TOP_P_CANDIDATES``, or when in some row the logits that tie at the k-th (top-k keeps them all) may run past the
+    2k candidates: the caller draws over the vocabulary.
 
     Why: every pass over the (B, V) logits costs; at B = 8, V = 49k a draw over the survivors takes ~1 ms where the
     masks, sorts, softmax and cumulative sums over V take ~4-7 ms per decode step."""
