@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 # LLAMA_LAYOUTS, additive_mask, window_exceeded and inverse_cdf_pick are importable from here too (re-exported)
-from .decode_weights import BASE_ADAPTER, Unsupported
+from .decode_weights import BASE_ADAPTER, Unsupported, WeightLoan
 from .llama_decoder import LLAMA_LAYOUTS, LlamaDecoder, additive_mask, prompt_positions, window_exceeded  # noqa: F401
 from .modules import model_device, unwrap_peft
 from .sampler import (  # noqa: F401
@@ -118,6 +118,7 @@ def fast_generate(
     backend: str = "auto",
     logprobs: bool = False,
     repetition_penalty: float = 1.0,
+    lend_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Completion ids (B, <=max_new_tokens) for left-padded prompts, right-padded with ``pad_token_id`` after EOS;
     with ``logprobs``, also each sampled token's log-prob under the distribution it was drawn from, as this decode
@@ -139,6 +140,9 @@ def fast_generate(
     ``"llama"`` (raise if it cannot be used) or ``"generic"`` (the model's own forward and cache).
     ``repetition_penalty``: transformers' penalty on the tokens of each row's prompt and completion so far, applied
     to the logits before sampling (before ``sample_fn``) and in the recorded log-probs.
+    ``lend_weights``: on the Llama path in fp32, the decode holds the model's weights packed for oneDNN in place of
+    its own tensors during the call (faster, no copy; :class:`comlrl.accel.decode_weights.WeightLoan`) and restores
+    them bit for bit before returning: nothing else may use the model, from another thread, meanwhile.
     """
     device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -151,6 +155,7 @@ def fast_generate(
     # prompt lengths in a few buckets: every new prefill shape costs a cached CPU kernel (comlrl.accel.shapes)
     input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
     prompt_len = input_ids.shape[1]
+    loan = WeightLoan() if lend_weights else None
     decoder = _make_decoder(
         model,
         batch=batch,
@@ -158,6 +163,7 @@ def fast_generate(
         dtype=dtype,
         backend=backend,
         adapter_names=adapter_names,
+        loan=loan,
     )
     # The generic path runs the model's forward: eval mode (no dropout) for the call. The Llama path only reads
     # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).
@@ -188,6 +194,8 @@ def fast_generate(
         )
         return (ids, logp) if logprobs else ids
     finally:
+        if loan is not None:
+            loan.give_back()
         if generic:
             model.train(was_training)
 
@@ -284,8 +292,10 @@ def _make_decoder(
     dtype: torch.dtype | None,
     backend: str = "auto",
     adapter_names: list[str] | None = None,
+    loan: WeightLoan | None = None,
 ) -> _Decoder:
-    """The Llama fast decoder when the model and adapters allow it (and ``backend`` permits), else the generic one."""
+    """The Llama fast decoder when the model and adapters allow it (and ``backend`` permits), else the generic one
+    (``loan``: see :class:`comlrl.accel.decode_weights.WeightLoan`; only the Llama decoder takes weights on it)."""
     if backend not in ("auto", "llama", "generic"):
         raise ValueError(f"backend must be 'auto', 'llama' or 'generic', got {backend!r}")
     if backend != "generic":
@@ -298,9 +308,12 @@ def _make_decoder(
                     dtype=dtype,
                     adapter=BASE_ADAPTER,
                     routed=adapter_names,
+                    loan=loan,
                 )
             adapter = adapter_names[0] if adapter_names else None
-            return LlamaDecoder(unwrap_peft(model), batch=batch, max_len=max_len, dtype=dtype, adapter=adapter)
+            return LlamaDecoder(
+                unwrap_peft(model), batch=batch, max_len=max_len, dtype=dtype, adapter=adapter, loan=loan
+            )
         except Unsupported as exc:
             if backend == "llama":
                 raise ValueError(f"the Llama fast path does not support this model: {exc}") from exc

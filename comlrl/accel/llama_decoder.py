@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .decode_weights import Projections, Routing, Unsupported, apply_projections, build_projections
+from .decode_weights import Projections, Routing, Unsupported, WeightLoan, apply_projections, build_projections
 from .lean import rms_norm_values
 
 # Decoder-layer layouts LlamaDecoder reproduces exactly: pre-norm RMSNorm, q/k/v/o projections (optional bias),
@@ -96,9 +96,12 @@ class LlamaDecoder:
         dtype: torch.dtype | None,
         adapter: str | None = None,
         routed: list[str] | None = None,
+        loan: WeightLoan | None = None,
     ) -> None:
+        """``loan``: the decode may hold the model's fp32 weights packed in place of its own tensors (see
+        :class:`comlrl.accel.decode_weights.WeightLoan`); given back here if building fails, else by the caller."""
         _check_llama_layout(base, max_len)
-        self.adapter, self.batch = adapter, batch
+        self.adapter, self.batch, self.loan = adapter, batch, loan
         config = base.config
         inner = base.model
         self.routing = Routing(routed, inner.embed_tokens.weight.device) if routed is not None else None
@@ -114,7 +117,12 @@ class LlamaDecoder:
         )
         self.norm_w = inner.norm.weight.to(self.dtype)
         self.norm_eps = inner.norm.variance_epsilon
-        self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        try:
+            self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        except BaseException:
+            if loan is not None:
+                loan.give_back()
+            raise
         n_layers, device = len(self.layers), self.embed.device
         shape = (n_layers, batch, self.n_kv, max_len, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)  # (L, B, Hkv, T, D)
@@ -136,9 +144,15 @@ class LlamaDecoder:
                 adapter=self.adapter,
                 pack_rows=self.batch,
                 routing=self.routing,
+                loan=self.loan,
             ),
             o=build_projections(
-                [attn.o_proj], self.dtype, adapter=self.adapter, pack_rows=self.batch, routing=self.routing
+                [attn.o_proj],
+                self.dtype,
+                adapter=self.adapter,
+                pack_rows=self.batch,
+                routing=self.routing,
+                loan=self.loan,
             ),
             ln2=ln2.weight.to(self.dtype),
             ln2_eps=ln2.variance_epsilon,
@@ -148,9 +162,15 @@ class LlamaDecoder:
                 adapter=self.adapter,
                 pack_rows=self.batch,
                 routing=self.routing,
+                loan=self.loan,
             ),
             down=build_projections(
-                [mlp.down_proj], self.dtype, adapter=self.adapter, pack_rows=self.batch, routing=self.routing
+                [mlp.down_proj],
+                self.dtype,
+                adapter=self.adapter,
+                pack_rows=self.batch,
+                routing=self.routing,
+                loan=self.loan,
             ),
             act=mlp.act_fn,
         )

@@ -8,8 +8,10 @@ OS, and the loop chooses when (between its phases).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
+import sys
 from typing import Callable, Iterator
 
 import numpy as np
@@ -43,15 +45,14 @@ def resolve_device(name: str) -> torch.device:
 
 def _libc(name: str) -> Callable[..., int] | None:
     try:
-        import ctypes
-
         return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
         return None
 
 
-_MALLOC_TRIM, _MALLOPT = _libc("malloc_trim"), _libc("mallopt")
+_MALLOC_TRIM, _MALLOPT, _MADVISE = _libc("malloc_trim"), _libc("mallopt"), _libc("madvise")
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+_MADV_DONTNEED = 4  # Linux
 
 
 def limit_heap_fragmentation(threshold_kb: int | None) -> bool:
@@ -76,6 +77,27 @@ def release_freed_memory() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def discard_pages(tensor: torch.Tensor) -> int:
+    """Let the OS take back the memory pages that lie wholly inside ``tensor``'s bytes; their values are lost (they
+    read as zeros, or a file mapping's contents, until written). Returns the bytes discarded (0 off Linux/glibc, for a
+    tensor off the CPU or a non-contiguous one).
+
+    Why: freeing a tensor does not always give its memory back -- a weight loaded from a memory-mapped file keeps
+    the whole mapping resident, its written pages included -- while discarding the pages does, whatever owns them.
+    """
+    if _MADVISE is None or tensor.device.type != "cpu" or not tensor.is_contiguous() or sys.platform != "linux":
+        return 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = tensor.data_ptr()
+    first = -(-start // page) * page
+    last = (start + tensor.numel() * tensor.element_size()) // page * page
+    if last <= first:
+        return 0
+    if _MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) != 0:
+        return 0
+    return last - first
 
 
 def default_bf16(device: torch.device) -> bool:

@@ -21,7 +21,6 @@ Engines here (:data:`ROLLOUT_ENGINES`), both in the trainer's process on the tra
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import weakref
 
@@ -31,7 +30,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from ..accel.fastgen import fast_generate, supports_fast_generate
 from ..accel.sampler import SamplerSettings, completion_sampler_logprobs
 from ..engine.models import model_device
-from ..errors import ConfigError
+from ..errors import ConfigError, suggest
 from .protocol import AUTO, Completions, GenerationSettings, PromptBatch, RolloutEngine, VLLMOptions  # noqa: F401
 from .sampling import RowSeededSampler
 from .vllm_engine import ColocatedEngine, SyncedEngine, completions_from
@@ -63,7 +62,8 @@ def row_sampler(batch: PromptBatch, settings: GenerationSettings, device: torch.
 
 class DecodeLoopEngine:
     """comlrl's own decode loop (:func:`comlrl.accel.fastgen.fast_generate`): the distribution of ``generate``, the
-    same greedy tokens in the model's dtype, faster at rollout batch sizes."""
+    same greedy tokens in the model's dtype, faster at rollout batch sizes. In fp32 the decode holds the model's
+    weights for the call (``lend_weights``): a rollout never shares its model with another thread."""
 
     name = "comlrl"
     runs_in_threads = True
@@ -96,6 +96,7 @@ class DecodeLoopEngine:
             adapter_names=batch.adapter_names,
             logprobs=settings.logprobs,
             repetition_penalty=settings.repetition_penalty,
+            lend_weights=True,
         )
         ids, logp = out if settings.logprobs else (out, None)
         return Completions(ids.cpu(), None if logp is None else logp.cpu())
@@ -288,6 +289,4 @@ def check_engine_available(name: str) -> None:
         )
     if name == AUTO or name in ROLLOUT_ENGINES:
         return
-    close = difflib.get_close_matches(name, engine_names(), n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown rollout engine {name!r}: one of {engine_names()}.{hint}")
+    raise ValueError(f"unknown rollout engine {name!r}: one of {engine_names()}.{suggest(name, engine_names())}")

@@ -183,7 +183,9 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
     side by side with one core each took 3.9 s against 4.6 s one after the other. Tokenizing and decoding text stay
     on the calling thread (a shared fast tokenizer is not safe to call concurrently). Requests sampling from the
     global RNG (no ``row_seeds``) run one after another, so their draws stay in a fixed order; so do all requests
-    when any has ``settings.concurrent`` off, or runs on an engine that does not run in threads.
+    when any has ``settings.concurrent`` off, runs on an engine that does not run in threads, or shares a parameter
+    with another request's model (a decode may hold its model's weights for the call:
+    :class:`comlrl.accel.decode_weights.WeightLoan`).
     """
     jobs = [_encode(r) for r in requests]
     threads = torch.get_num_threads()
@@ -194,6 +196,7 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
         and all(model_device(r.model).type == "cpu" for r in requests)
         and all(r.row_seeds is not None or not r.settings.do_sample for r in requests)
         and all(select_engine(r.settings, r.model).runs_in_threads for r in requests)
+        and not _share_parameters([r.model for r in requests])
     )
     if not concurrent:
         completions = [_sample(r, job) for r, job in zip(requests, jobs)]
@@ -208,6 +211,17 @@ def generate_concurrently(requests: list[GenerationRequest]) -> list[Samples]:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="comlrl-rollout") as pool:
             completions = list(pool.map(run, zip(requests, jobs)))
     return [_finish(r, job, out) for r, job, out in zip(requests, jobs, completions)]
+
+
+def _share_parameters(models: list[torch.nn.Module]) -> bool:
+    """Whether any parameter tensor belongs to more than one of ``models`` (or a model is listed twice)."""
+    seen: set[int] = set()
+    for model in models:
+        own = {id(p) for p in model.parameters()}
+        if own & seen:
+            return True
+        seen |= own
+    return False
 
 
 def _encode(r: GenerationRequest) -> PromptBatch:

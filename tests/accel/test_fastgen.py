@@ -637,3 +637,109 @@ def test_fp32_decode_reads_wide_projections_in_place():
     logits = decoder.prefill(ids, mask)
     ref = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -1]
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+
+
+# --- fp32 weights on loan to the decode -------------------------------------------------------------------------------
+
+
+def _params(model) -> dict[str, tuple[torch.nn.Parameter, torch.Tensor]]:
+    return {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+
+
+def _assert_given_back(model, before: dict) -> None:
+    """Every parameter is the same object, with the same values, on memory of its own."""
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    assert len(set(ptrs)) == len(ptrs)  # parameters() lists a tied weight once
+    for name, p in model.named_parameters():
+        same, values = before[name]
+        assert p is same and p.requires_grad and p.is_contiguous(), name
+        assert p.shape == values.shape and torch.equal(p.detach(), values), name
+
+
+@pytest.mark.skipif(not can_prepack(torch.float32, torch.device("cpu")), reason="needs oneDNN packing")
+@pytest.mark.parametrize("make", [tiny_model, tiny_qwen2], ids=["llama", "qwen2-biases"])
+def test_lent_weights_decode_like_generate_and_come_back_bit_for_bit(make):
+    """With ``lend_weights`` the decode holds the fp32 projections packed in place of the parameters (empty during
+    the call), picks generate's greedy tokens, and every parameter is itself again afterwards, value for value."""
+    model = make().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+    ref = hf_greedy(model, ids, mask, 0, [2], 24)
+    before, seen = _params(model), []
+    layer = model.model.layers[-1]
+
+    def argmax_watching(logits):
+        seen.append((layer.self_attn.q_proj.weight.numel(), layer.mlp.down_proj.weight.numel()))
+        return logits.argmax(-1)
+
+    out = greedy(model, ids, mask, 0, [2], 24, lend_weights=True, sample_fn=argmax_watching)
+    assert torch.equal(out, ref)
+    assert seen and all(lent == (0, 0) for lent in seen)
+    _assert_given_back(model, before)
+    assert model.lm_head.weight is model.model.embed_tokens.weight or model.lm_head.weight.numel() > 0
+
+
+@pytest.mark.skipif(not can_prepack(torch.float32, torch.device("cpu")), reason="needs oneDNN packing")
+def test_lent_weights_come_back_when_the_decode_or_its_build_fails(monkeypatch):
+    model = tiny_model().eval()
+    ids, mask = left_pad(PROMPTS, 0)
+    before = _params(model)
+
+    def fails(logits):
+        raise RuntimeError("sampler failed")
+
+    with pytest.raises(RuntimeError, match="sampler failed"):
+        greedy(model, ids, mask, 0, [2], 4, lend_weights=True, sample_fn=fails)
+    _assert_given_back(model, before)
+
+    # the last layer cannot be built: the layers already lent come back and the generic path decodes the model
+    ref = hf_greedy(model, ids, mask, 0, [2], 8)
+    build, last = LlamaDecoder._layer_weights, model.model.layers[-1]
+
+    def refuse_last(self, layer):
+        if layer is last:
+            raise fastgen.Unsupported("test: last layer")
+        return build(self, layer)
+
+    monkeypatch.setattr(LlamaDecoder, "_layer_weights", refuse_last)
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 8, lend_weights=True), ref)
+    _assert_given_back(model, before)
+
+
+def test_requests_on_shared_weights_decode_one_after_another(monkeypatch):
+    """Two requests on one model (or on models sharing parameters) never decode in two threads: the decode may hold
+    a model's weights for the call."""
+    import threading
+
+    from tiny import tiny_tokenizer
+
+    from comlrl.rollout import rollout
+    from comlrl.rollout.protocol import GenerationSettings
+    from comlrl.rollout.rollout import GenerationRequest, generate_concurrently
+
+    model, tok = tiny_model(seed=1).eval(), tiny_tokenizer()
+    twin = copy.deepcopy(model)
+    twin.model.layers[0].mlp.down_proj.weight = model.model.layers[0].mlp.down_proj.weight  # one shared parameter
+    settings = GenerationSettings(max_new_tokens=4, temperature=1.0, do_sample=True)
+    threads, sample = [], rollout._sample
+
+    def recording(*args):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return sample(*args)
+
+    monkeypatch.setattr(rollout, "_sample", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for pair in ([model, model], [model, twin]):
+            threads.clear()
+            generate_concurrently(
+                [
+                    GenerationRequest(
+                        model=m, tokenizer=tok, prompts=["ab"], num_generations=2, settings=settings, row_seeds=[1, 2]
+                    )
+                    for m in pair
+                ]
+            )
+            assert threads == [True, True]
+    finally:
+        torch.set_num_threads(before)
