@@ -3,12 +3,19 @@ field unknown to a config (:func:`explain_unknown_field`)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable
 
 FIELD_EXPLAINERS: list[Callable[[type, str], str | None]] = []
 """Each called with (config class, unknown field name): the error message that says what the field is and what to
 use instead, or None. The compat layer adds the reference library's fields (:mod:`comlrl.compat.fields`), so that a
 config keeps no knowledge of another library's names."""
+
+
+def suggest(name: str, valid: list[str]) -> str:
+    """' Did you mean X?' for the closest valid name, or ''."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
 
 
 def explain_unknown_field(cls: type, name: str) -> str | None:

@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .configs.fields import suggest
-from .errors import ConfigError
+from .errors import ConfigError, suggest
 
 log = logging.getLogger(__name__)
 

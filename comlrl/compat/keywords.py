@@ -16,9 +16,8 @@ from typing import Any, Callable
 import torch
 
 from ..algorithms.advantages import turn_sums
-from ..configs.fields import suggest
 from ..engine.rewards import accepted_kwargs
-from ..errors import ConfigError
+from ..errors import ConfigError, suggest
 from . import REFERENCE
 from .configs import is_compat_style
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import functools
 import numbers
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, explain_unknown_field
+from ..errors import ConfigError, explain_unknown_field, suggest
 
 
 def help_field(default: Any, text: str, **kw: Any) -> Any:
@@ -23,12 +22,6 @@ def help_field(default: Any, text: str, **kw: Any) -> Any:
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": text, **kw})
     return field(default=default, metadata={"help": text, **kw})
-
-
-def suggest(name: str, valid: list[str]) -> str:
-    """' Did you mean X?' for the closest valid name, or ''."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
 
 
 _SCALARS = {"int": int, "float": float, "bool": bool, "None": type(None)}

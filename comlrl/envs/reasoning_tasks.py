@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import functools
 import json
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable
 
+from ..errors import suggest
 from .core.loaders import DatasetError
 
 TASKS = ("gsm_symbolic", "basic_arithmetic", "chain_sum", "leg_counting", "countdown")
@@ -72,8 +72,7 @@ def check_task_config(task: str, config: dict[str, Any] | None, *, split_mode: b
         if key in RESERVED:
             raise ValueError(f"reasoning: task_config field '{key}' is set by {RESERVED[key]}, not task_config.")
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = suggest(key, list(fields))
             settings = ", ".join(k for k in fields if k not in RESERVED)
             raise ValueError(
                 f"reasoning: task_config field '{key}' is not a setting of {task}.{hint} Settings: {settings}."

@@ -71,7 +71,6 @@ line makes, the marker could make too: the fallback pays for nothing the marker 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import re
@@ -80,7 +79,7 @@ from typing import Any, Callable, Mapping
 
 import datasets
 
-from ..errors import ComlrlError
+from ..errors import ComlrlError, suggest
 from .core.base import Env, Formatter, TeamReward
 from .core.loaders import load_rows, text_field
 from .core.packaged import PACKAGED
@@ -328,8 +327,7 @@ class WritingEnv(Env):
         super().__init__(num_agents)
         valid = ["strict", *self.published_tiers]
         if reward not in valid:
-            close = difflib.get_close_matches(str(reward), valid, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = suggest(str(reward), valid)
             raise ComlrlError(f"{self.name}: unknown reward '{reward}'.{hint} Valid: {', '.join(valid)}.")
         if jaccard_cap is not None and not 0 < jaccard_cap <= 1:
             raise ValueError(f"{self.name}: jaccard_cap must be in (0, 1], got {jaccard_cap}.")

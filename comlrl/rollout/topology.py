@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, suggest
 
 TOPOLOGIES = ("parallel", "chain", "debate", "leader")
 GRAPH_KEYS = ("same_turn", "previous_turn", "acting")
@@ -82,8 +82,6 @@ class Topology:
 def builtin(name: str, num_agents: int, *, field: str = "topology") -> Topology:
     """The built-in topology ``name`` (one of :data:`TOPOLOGIES`) for ``num_agents`` agents (``field``: named in the
     error for another name)."""
-    from ..configs.fields import suggest  # here: the configs import this module
-
     n = num_agents
     every = tuple(range(n))
     if name == "parallel":
@@ -120,8 +118,6 @@ def resolve_topology(value: Any, num_agents: int | None = None, *, field: str = 
 
 def _turn_graph(graph: Any, t: int, num_agents: int | None, field: str) -> TurnGraph:
     """One turn's graph dict, checked (``t``: 0-based turn)."""
-    from ..configs.fields import suggest  # here: the configs import this module
-
     where = f"{field}, turn {t + 1}"
     if not isinstance(graph, dict):
         raise ConfigError(f"{where}: {graph!r:.80} is not a dict with keys {GRAPH_KEYS}.")

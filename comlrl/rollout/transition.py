@@ -9,9 +9,8 @@ import dataclasses
 import inspect
 from typing import Any, Callable
 
-from ..configs.fields import suggest
 from ..engine.rewards import accepted_kwargs
-from ..errors import TransitionError
+from ..errors import TransitionError, suggest
 
 TRANSITION_KWARGS = (
     "prompt",

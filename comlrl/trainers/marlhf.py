@@ -26,7 +26,6 @@ import torch
 
 from ..compat.configs import carry_compat_style
 from ..configs.base import TrainConfig
-from ..configs.fields import suggest
 from ..configs.preference import MARLHFConfig
 from ..engine.reward_model import (
     RewardModelReward,
@@ -36,7 +35,7 @@ from ..engine.reward_model import (
     save_reward_model,
 )
 from ..engine.reward_pairs import readable_pairs, split_pairs_by_prompt
-from ..errors import ConfigError
+from ..errors import ConfigError, suggest
 from ..parallel import distributed
 from ..rollout.sampling import derive_seed
 from ..tracking import fresh_output_dir

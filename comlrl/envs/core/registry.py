@@ -3,11 +3,10 @@ single-agent form of any of them (:mod:`.single`)."""
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from typing import Any, Callable
 
-from ...errors import ComlrlError
+from ...errors import ComlrlError, suggest
 from .base import Env
 from .single import SingleAgentEnv, check_format
 
@@ -40,9 +39,9 @@ def env_options(name: str) -> dict[str, Any]:
 
 def _lookup(name: str) -> type[Env]:
     if name not in ENVS:
-        close = difflib.get_close_matches(name, list(ENVS), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ComlrlError(f"unknown environment '{name}'.{hint} Available: {', '.join(list_envs())}.")
+        raise ComlrlError(
+            f"unknown environment '{name}'.{suggest(name, list(ENVS))} Available: {', '.join(list_envs())}."
+        )
     return ENVS[name]
 
 
@@ -58,8 +57,7 @@ def make(name: str, num_agents: int | None = None, *, format: str = "team", **op
     valid = env_options(name)
     for key in options:
         if key not in valid:
-            close = difflib.get_close_matches(key, list(valid), n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = suggest(key, list(valid))
             raise ComlrlError(
                 f"environment '{name}': unknown option '{key}'.{hint} Options: {', '.join(sorted(valid)) or 'none'}."
             )
