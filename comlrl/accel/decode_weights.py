@@ -227,15 +227,15 @@ class WeightLoan:
 
     Why: at decode rows oneDNN streams packed fp32 weights ~1.5x faster than MKL's sgemm streams the dense ones (10.6
     against ~7 GB/s on one thread for SmolLM2-135M's projections), but a packed copy beside the dense weights adds
-    the model's size to the rollout's memory. On loan, each parameter's pages go back to the OS once its packed copy
-    exists (:func:`comlrl.engine.process.discard_pages`: freeing alone keeps the pages of a weight memory-mapped from
-    its file) and the parameter is left empty, so any use before :meth:`give_back` fails instead of reading stale
-    values. :meth:`give_back` sets each parameter's values from its packed copy, bit for bit (the packed layout is a
-    reordering, not a rounding), in new tensors that take the place the packed copies free one by one.
+    the model's size to the rollout's memory. On loan, each parameter's memory pages go back to the OS once its
+    packed copy exists (:func:`comlrl.engine.process.discard_pages`) and the parameter is left empty, so any use
+    before :meth:`give_back` fails instead of reading stale values. :meth:`give_back` writes the values back into
+    the same tensors, bit for bit (the packed layout is a reordering, not a rounding), discarding each packed copy's
+    pages as it goes: the rollout's memory never holds a weight twice.
     """
 
     def __init__(self) -> None:
-        self._lent: list[tuple[list[nn.Parameter], list[torch.Size], Projection]] = []
+        self._lent: list[tuple[list[nn.Parameter], list[torch.Tensor], Projection]] = []
         self._ids: set[int] = set()
 
     def holds(self, weights: list[torch.Tensor]) -> bool:
@@ -244,26 +244,25 @@ class WeightLoan:
 
     def take(self, params: list[nn.Parameter], projection: Projection) -> None:
         """Put ``params`` on loan: ``projection.packed`` holds their values concatenated on the output dim."""
-        shapes = [p.shape for p in params]
-        for p in params:
-            discard_pages(p.data)
-            p.data = p.data.new_empty(0)
+        own = [p.data for p in params]
+        for p, data in zip(params, own):
+            discard_pages(data)
+            p.data = data.new_empty(0)
             self._ids.add(id(p))
-        self._lent.append((params, shapes, projection))
+        self._lent.append((params, own, projection))
 
     def give_back(self) -> None:
-        """Set every lent parameter's values from its packed copy, and drop the copy."""
+        """Write every lent parameter's values back from its packed copy, and drop the copy."""
         while self._lent:
-            params, shapes, projection = self._lent.pop()
+            params, own, projection = self._lent.pop()
             dense = projection.packed.to_dense()
+            discard_pages(projection.packed)  # a freed block would stay resident until the heap is trimmed
             projection.packed = None
-            if dense.shape != (sum(s[0] for s in shapes), *shapes[0][1:]):
-                raise RuntimeError(f"a packed weight unpacked to {tuple(dense.shape)}, not to {shapes}")
-            if len(params) == 1:
-                params[0].data = dense
-            else:  # each its own tensor: parameters sharing one storage would be saved as tied
-                for p, part in zip(params, dense.split([s[0] for s in shapes])):
-                    p.data = part.clone()
+            if dense.shape != (sum(t.shape[0] for t in own), *own[0].shape[1:]):
+                raise RuntimeError(f"a packed weight unpacked to {tuple(dense.shape)}, not to {[t.shape for t in own]}")
+            for p, data, part in zip(params, own, dense.split([t.shape[0] for t in own])):
+                data.copy_(part)
+                p.data = data
             del dense
         self._ids.clear()
 

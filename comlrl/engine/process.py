@@ -80,22 +80,25 @@ def release_freed_memory() -> None:
 
 
 def discard_pages(tensor: torch.Tensor) -> int:
-    """Let the OS take back the memory pages that lie wholly inside ``tensor``'s bytes; their values are lost (they
-    read as zeros, or a file mapping's contents, until written). Returns the bytes discarded (0 off Linux/glibc, for a
-    tensor off the CPU or a non-contiguous one).
+    """Let the OS take back the memory pages that lie wholly inside ``tensor``'s bytes (a dense CPU tensor's, or a
+    oneDNN tensor's); their values are lost (they read as zeros, or a file mapping's contents, until written).
+    Returns the bytes discarded (0 off Linux/glibc, for a tensor off the CPU or a non-contiguous one).
 
     Why: freeing a tensor does not always give its memory back -- a weight loaded from a memory-mapped file keeps
-    the whole mapping resident, its written pages included -- while discarding the pages does, whatever owns them.
+    the whole mapping resident, its written pages included, and a freed heap block stays resident until the heap is
+    trimmed -- while discarding the pages does, at once, whatever owns them.
     """
-    if _MADVISE is None or tensor.device.type != "cpu" or not tensor.is_contiguous() or sys.platform != "linux":
+    if _MADVISE is None or tensor.device.type != "cpu" or sys.platform != "linux":
+        return 0
+    if tensor.is_mkldnn:
+        start, size = torch.ops.mkldnn.data_ptr(tensor), torch.ops.mkldnn._nbytes(tensor)
+    elif tensor.is_contiguous():
+        start, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    else:
         return 0
     page = os.sysconf("SC_PAGE_SIZE")
-    start = tensor.data_ptr()
-    first = -(-start // page) * page
-    last = (start + tensor.numel() * tensor.element_size()) // page * page
-    if last <= first:
-        return 0
-    if _MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) != 0:
+    first, last = -(-start // page) * page, (start + size) // page * page
+    if last <= first or _MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) != 0:
         return 0
     return last - first
 

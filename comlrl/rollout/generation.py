@@ -31,6 +31,7 @@ from ..accel.fastgen import fast_generate, supports_fast_generate
 from ..accel.sampler import SamplerSettings, completion_sampler_logprobs
 from ..engine.models import model_device
 from ..errors import ConfigError, suggest
+from ..parallel.sharding import is_sharded
 from .protocol import AUTO, Completions, GenerationSettings, PromptBatch, RolloutEngine, VLLMOptions  # noqa: F401
 from .sampling import RowSeededSampler
 from .vllm_engine import ColocatedEngine, SyncedEngine, completions_from
@@ -63,7 +64,8 @@ def row_sampler(batch: PromptBatch, settings: GenerationSettings, device: torch.
 class DecodeLoopEngine:
     """comlrl's own decode loop (:func:`comlrl.accel.fastgen.fast_generate`): the distribution of ``generate``, the
     same greedy tokens in the model's dtype, faster at rollout batch sizes. In fp32 the decode holds the model's
-    weights for the call (``lend_weights``): a rollout never shares its model with another thread."""
+    weights for the call (``lend_weights``): a rollout never shares its model with another thread. Not an FSDP-sharded
+    model's: its gathered weights live in FSDP's own buffers."""
 
     name = "comlrl"
     runs_in_threads = True
@@ -96,7 +98,7 @@ class DecodeLoopEngine:
             adapter_names=batch.adapter_names,
             logprobs=settings.logprobs,
             repetition_penalty=settings.repetition_penalty,
-            lend_weights=True,
+            lend_weights=not any(is_sharded(m) for m in model.modules()),  # FSDP owns a gathered weight's memory
         )
         ids, logp = out if settings.logprobs else (out, None)
         return Completions(ids.cpu(), None if logp is None else logp.cpu())

@@ -37,3 +37,11 @@ def test_discarding_a_written_file_mapped_tensor_frees_its_private_copy(tmp_path
     assert discard_pages(t) > 31 * 2**20
     assert before - _rss_mb() >= 25
     assert torch.all(t[1024:-1024] == 2.0)  # the file's values again
+
+
+def test_a_packed_onednn_weights_pages_can_be_discarded():
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        pytest.skip("no oneDNN")
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4096, 2048), 4)  # 32 MB
+    before = _rss_mb()
+    assert discard_pages(packed) > 31 * 2**20 and before - _rss_mb() >= 25
