@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.process import discard_pages
+from .pages import discard_pages
 
 
 class Unsupported(Exception):
@@ -228,7 +228,7 @@ class WeightLoan:
     Why: at decode rows oneDNN streams packed fp32 weights ~1.5x faster than MKL's sgemm streams the dense ones (10.6
     against ~7 GB/s on one thread for SmolLM2-135M's projections), but a packed copy beside the dense weights adds
     the model's size to the rollout's memory. On loan, each parameter's memory pages go back to the OS once its
-    packed copy exists (:func:`comlrl.engine.process.discard_pages`) and the parameter is left empty, so any use
+    packed copy exists (:func:`comlrl.accel.pages.discard_pages`) and the parameter is left empty, so any use
     before :meth:`give_back` fails instead of reading stale values. :meth:`give_back` writes the values back into
     the same tensors, bit for bit (the packed layout is a reordering, not a rounding), discarding each packed copy's
     pages as it goes: the rollout's memory never holds a weight twice.

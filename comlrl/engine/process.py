@@ -2,21 +2,21 @@
 heap policy (glibc's allocator; off elsewhere).
 
 The heap calls live here, not in :mod:`comlrl.accel`: they change no computation, only when freed pages go back to the
-OS, and the loop chooses when (between its phases).
+OS, and the loop chooses when (between its phases). The decode's own page calls, made while it holds the weights,
+are :mod:`comlrl.accel.pages`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import random
-import sys
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 
+from ..accel.pages import libc_function
 from ..errors import ConfigError
 
 
@@ -43,16 +43,8 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _libc(name: str) -> Callable[..., int] | None:
-    try:
-        return getattr(ctypes.CDLL("libc.so.6"), name)
-    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
-        return None
-
-
-_MALLOC_TRIM, _MALLOPT, _MADVISE = _libc("malloc_trim"), _libc("mallopt"), _libc("madvise")
+_MALLOC_TRIM, _MALLOPT = libc_function("malloc_trim"), libc_function("mallopt")
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-_MADV_DONTNEED = 4  # Linux
 
 
 def limit_heap_fragmentation(threshold_kb: int | None) -> bool:
@@ -77,30 +69,6 @@ def release_freed_memory() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
-
-
-def discard_pages(tensor: torch.Tensor) -> int:
-    """Let the OS take back the memory pages that lie wholly inside ``tensor``'s bytes (a dense CPU tensor's, or a
-    oneDNN tensor's); their values are lost (they read as zeros, or a file mapping's contents, until written).
-    Returns the bytes discarded (0 off Linux/glibc, for a tensor off the CPU or a non-contiguous one).
-
-    Why: freeing a tensor does not always give its memory back -- a weight loaded from a memory-mapped file keeps
-    the whole mapping resident, its written pages included, and a freed heap block stays resident until the heap is
-    trimmed -- while discarding the pages does, at once, whatever owns them.
-    """
-    if _MADVISE is None or tensor.device.type != "cpu" or sys.platform != "linux":
-        return 0
-    if tensor.is_mkldnn:
-        start, size = torch.ops.mkldnn.data_ptr(tensor), torch.ops.mkldnn._nbytes(tensor)
-    elif tensor.is_contiguous():
-        start, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-    else:
-        return 0
-    page = os.sysconf("SC_PAGE_SIZE")
-    first, last = -(-start // page) * page, (start + size) // page * page
-    if last <= first or _MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) != 0:
-        return 0
-    return last - first
 
 
 def default_bf16(device: torch.device) -> bool:

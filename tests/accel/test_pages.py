@@ -1,4 +1,4 @@
-"""The OS-level memory calls of the training loop: discarding a tensor's pages gives its memory back."""
+"""Discarding a tensor's memory pages gives them back to the OS, whatever owns them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from comlrl.engine.process import discard_pages
+from comlrl.accel.pages import discard_pages
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux page calls")
 
