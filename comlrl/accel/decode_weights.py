@@ -231,7 +231,9 @@ class WeightLoan:
     packed copy exists (:func:`comlrl.accel.pages.discard_pages`) and the parameter is left empty, so any use
     before :meth:`give_back` fails instead of reading stale values. :meth:`give_back` writes the values back into
     the same tensors, bit for bit (the packed layout is a reordering, not a rounding), discarding each packed copy's
-    pages as it goes: the rollout's memory never holds a weight twice.
+    pages as it goes: the rollout's memory never holds a weight twice. Only a trained parameter that spans its own
+    storage goes on loan (not a frozen base, not a view into a flat buffer), and each once (tied weights are lent
+    through their first module).
     """
 
     def __init__(self) -> None:
@@ -282,6 +284,11 @@ def can_lend(params: list[torch.Tensor], loan: WeightLoan | None) -> bool:
     return (
         loan is not None
         and all(isinstance(p, nn.Parameter) and p.dtype == torch.float32 and p.numel() > 0 for p in params)
+        # trained weights only: a frozen one loaded memory-mapped lives in the OS's page cache (shared, reclaimable),
+        # and written back it would become this process's own memory for the rest of the run
+        and all(p.requires_grad for p in params)
+        # a weight viewing part of a larger buffer (a flat parameter) shares pages with its neighbours
+        and all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in params)
         and len({id(p) for p in params}) == len(params)
         and can_prepack(torch.float32, params[0].device)
         and not loan.holds(params)

@@ -156,21 +156,22 @@ def fast_generate(
     input_ids, attention_mask = pad_tokens(input_ids, attention_mask, left=True, pad_id=pad_token_id)
     prompt_len = input_ids.shape[1]
     loan = WeightLoan() if lend_weights else None
-    decoder = _make_decoder(
-        model,
-        batch=batch,
-        max_len=prompt_len + max_new_tokens,
-        dtype=dtype,
-        backend=backend,
-        adapter_names=adapter_names,
-        loan=loan,
-    )
-    # The generic path runs the model's forward: eval mode (no dropout) for the call. The Llama path only reads
-    # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).
-    generic, was_training = isinstance(decoder, _HFDecoder), model.training
-    if generic:
-        model.train(False)
+    generic = was_training = False
     try:
+        decoder = _make_decoder(
+            model,
+            batch=batch,
+            max_len=prompt_len + max_new_tokens,
+            dtype=dtype,
+            backend=backend,
+            adapter_names=adapter_names,
+            loan=loan,
+        )
+        # The generic path runs the model's forward: eval mode (no dropout) for the call. The Llama path only reads
+        # weights, so it skips the switch (~30 ms each way over a 6000-module PEFT model).
+        generic, was_training = isinstance(decoder, _HFDecoder), model.training
+        if generic:
+            model.train(False)
         logits = decoder.prefill(input_ids, attention_mask)  # (B, V) fp32
         sample = sample_fn or token_sampler(
             do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
@@ -194,7 +195,7 @@ def fast_generate(
         )
         return (ids, logp) if logprobs else ids
     finally:
-        if loan is not None:
+        if loan is not None:  # also when building the decoder failed half-way
             loan.give_back()
         if generic:
             model.train(was_training)

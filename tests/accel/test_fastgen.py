@@ -701,6 +701,55 @@ def test_lent_weights_come_back_when_the_decode_or_its_build_fails(monkeypatch):
     monkeypatch.setattr(LlamaDecoder, "_layer_weights", refuse_last)
     assert torch.equal(greedy(model, ids, mask, 0, [2], 8, lend_weights=True), ref)
     _assert_given_back(model, before)
+    monkeypatch.undo()
+
+    # every layer lent, then the decoder's construction fails (out of memory for the KV cache, say)
+    make = fastgen._make_decoder
+
+    def built_then_failed(*args, **kwargs):
+        make(*args, **kwargs)
+        raise MemoryError("test: KV cache")
+
+    monkeypatch.setattr(fastgen, "_make_decoder", built_then_failed)
+    with pytest.raises(MemoryError):
+        greedy(model, ids, mask, 0, [2], 4, lend_weights=True)
+    _assert_given_back(model, before)
+
+
+@pytest.mark.skipif(not can_prepack(torch.float32, torch.device("cpu")), reason="needs oneDNN packing")
+def test_frozen_weights_are_read_in_place_not_lent():
+    model = tiny_model().eval().requires_grad_(False)
+    ids, mask = left_pad(PROMPTS, 0)
+    ref, sizes = hf_greedy(model, ids, mask, 0, [2], 8), []
+    q = model.model.layers[0].self_attn.q_proj
+
+    def argmax_watching(logits):
+        sizes.append(q.weight.numel())
+        return logits.argmax(-1)
+
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 8, lend_weights=True, sample_fn=argmax_watching), ref)
+    assert sizes and all(n > 0 for n in sizes)
+
+
+@pytest.mark.skipif(not can_prepack(torch.float32, torch.device("cpu")), reason="needs oneDNN packing")
+def test_a_weight_viewing_a_larger_buffer_is_read_in_place_not_lent():
+    model = tiny_model().eval()
+    down = model.model.layers[0].mlp.down_proj
+    flat = torch.full((2 * down.weight.numel(),), 7.0)  # the weight, then a neighbour's values
+    flat[: down.weight.numel()].copy_(down.weight.detach().flatten())
+    down.weight.data = flat[: down.weight.numel()].view(down.weight.shape)
+    ids, mask = left_pad(PROMPTS, 0)
+    ref = hf_greedy(model, ids, mask, 0, [2], 8)
+    before, sizes = _params(model), []
+
+    def argmax_watching(logits):
+        sizes.append(down.weight.numel())
+        return logits.argmax(-1)
+
+    assert torch.equal(greedy(model, ids, mask, 0, [2], 8, lend_weights=True, sample_fn=argmax_watching), ref)
+    assert sizes and all(n > 0 for n in sizes)
+    assert torch.all(flat[down.weight.numel() :] == 7.0)
+    _assert_given_back(model, before)
 
 
 def test_requests_on_shared_weights_decode_one_after_another(monkeypatch):
