@@ -5,7 +5,7 @@ weight loan (``lend_weights``), printing its reward gains.
     python benchmarks/maac_learning_seeds.py SEED 0   # without
 
 Run from the repository root with ../shared beside it. The suite pins ``COMLRL_BF16=0``, so the run is fp32, as in
-CI. At commit 4b51764 the loan also took a frozen fp32 base; since bdaf387 it takes trained weights only, and the
+CI. At commit d7b35eb the loan also took a frozen fp32 base; since bdaf387 it takes trained weights only, and the
 two settings of this script decode alike for this LoRA team.
 """
 
