@@ -135,43 +135,21 @@ class LlamaDecoder:
     def _layer_weights(self, layer: nn.Module) -> _LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+
+        def project(mods: list[nn.Module]) -> Projections:
+            return build_projections(
+                mods, self.dtype, adapter=self.adapter, pack_rows=self.batch, routing=self.routing, loan=self.loan
+            )
+
         return _LayerWeights(
             ln1=ln1.weight.to(self.dtype),
             ln1_eps=ln1.variance_epsilon,
-            qkv=build_projections(
-                [attn.q_proj, attn.k_proj, attn.v_proj],
-                self.dtype,
-                adapter=self.adapter,
-                pack_rows=self.batch,
-                routing=self.routing,
-                loan=self.loan,
-            ),
-            o=build_projections(
-                [attn.o_proj],
-                self.dtype,
-                adapter=self.adapter,
-                pack_rows=self.batch,
-                routing=self.routing,
-                loan=self.loan,
-            ),
+            qkv=project([attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=project([attn.o_proj]),
             ln2=ln2.weight.to(self.dtype),
             ln2_eps=ln2.variance_epsilon,
-            gate_up=build_projections(
-                [mlp.gate_proj, mlp.up_proj],
-                self.dtype,
-                adapter=self.adapter,
-                pack_rows=self.batch,
-                routing=self.routing,
-                loan=self.loan,
-            ),
-            down=build_projections(
-                [mlp.down_proj],
-                self.dtype,
-                adapter=self.adapter,
-                pack_rows=self.batch,
-                routing=self.routing,
-                loan=self.loan,
-            ),
+            gate_up=project([mlp.gate_proj, mlp.up_proj]),
+            down=project([mlp.down_proj]),
             act=mlp.act_fn,
         )
 

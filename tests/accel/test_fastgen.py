@@ -492,14 +492,32 @@ def test_greedy_matches_generate_smollm2(smollm):
 # --- several models at once -------------------------------------------------------------------------------------------
 
 
-def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(monkeypatch):
-    """Two models' rollouts run in two threads (one core each) and give exactly what separate calls give; requests
-    drawing from the global RNG stay on the calling thread, one after another."""
+@pytest.fixture
+def sample_threads(monkeypatch):
+    """Whether each rollout ``_sample`` call ran on the main thread, in call order; torch on 2 threads (the cores the
+    models split) for the test."""
     import threading
 
+    from comlrl.rollout import rollout
+
+    on_main, sample = [], rollout._sample
+
+    def recording(*args):
+        on_main.append(threading.current_thread() is threading.main_thread())
+        return sample(*args)
+
+    monkeypatch.setattr(rollout, "_sample", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield on_main
+    torch.set_num_threads(before)
+
+
+def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(sample_threads):
+    """Two models' rollouts run in two threads (one core each) and give exactly what separate calls give; requests
+    drawing from the global RNG stay on the calling thread, one after another."""
     from tiny import tiny_tokenizer
 
-    from comlrl.rollout import rollout
     from comlrl.rollout.protocol import GenerationSettings
     from comlrl.rollout.rollout import GenerationRequest, generate, generate_concurrently
 
@@ -517,19 +535,8 @@ def test_distinct_models_decode_concurrently_with_the_samples_of_one_at_a_time(m
         )
         for i, m in enumerate(models)
     ]
-    threads, sample = [], rollout._sample
-
-    def recording(*args):
-        threads.append(threading.current_thread() is threading.main_thread())
-        return sample(*args)
-
-    monkeypatch.setattr(rollout, "_sample", recording)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the cores split between the models
-    try:
-        together = generate_concurrently(requests)
-    finally:
-        torch.set_num_threads(before)
+    threads = sample_threads
+    together = generate_concurrently(requests)
     assert threads == [False, False]
     alone = [
         generate(r.model, tok, prompts, num_generations=3, settings=settings, row_seeds=r.row_seeds) for r in requests
@@ -752,14 +759,11 @@ def test_a_weight_viewing_a_larger_buffer_is_read_in_place_not_lent():
     _assert_given_back(model, before)
 
 
-def test_requests_on_shared_weights_decode_one_after_another(monkeypatch):
+def test_requests_on_shared_weights_decode_one_after_another(sample_threads):
     """Two requests on one model (or on models sharing parameters) never decode in two threads: the decode may hold
     a model's weights for the call."""
-    import threading
-
     from tiny import tiny_tokenizer
 
-    from comlrl.rollout import rollout
     from comlrl.rollout.protocol import GenerationSettings
     from comlrl.rollout.rollout import GenerationRequest, generate_concurrently
 
@@ -767,26 +771,14 @@ def test_requests_on_shared_weights_decode_one_after_another(monkeypatch):
     twin = copy.deepcopy(model)
     twin.model.layers[0].mlp.down_proj.weight = model.model.layers[0].mlp.down_proj.weight  # one shared parameter
     settings = GenerationSettings(max_new_tokens=4, temperature=1.0, do_sample=True)
-    threads, sample = [], rollout._sample
-
-    def recording(*args):
-        threads.append(threading.current_thread() is threading.main_thread())
-        return sample(*args)
-
-    monkeypatch.setattr(rollout, "_sample", recording)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for pair in ([model, model], [model, twin]):
-            threads.clear()
-            generate_concurrently(
-                [
-                    GenerationRequest(
-                        model=m, tokenizer=tok, prompts=["ab"], num_generations=2, settings=settings, row_seeds=[1, 2]
-                    )
-                    for m in pair
-                ]
-            )
-            assert threads == [True, True]
-    finally:
-        torch.set_num_threads(before)
+    for pair in ([model, model], [model, twin]):
+        sample_threads.clear()
+        generate_concurrently(
+            [
+                GenerationRequest(
+                    model=m, tokenizer=tok, prompts=["ab"], num_generations=2, settings=settings, row_seeds=[1, 2]
+                )
+                for m in pair
+            ]
+        )
+        assert sample_threads == [True, True]
